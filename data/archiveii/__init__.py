@@ -1,0 +1,177 @@
+"""ArchiveII: 3,975 RNA secondary structures in 10 families (Sloma & Mathews 2016).
+
+The Mathews lab distributes it as :data:`URL`, a tarball of one ``.ct`` file per
+structure (file stem = id, family = prefix before the first ``_``) plus one
+``<family>.lis`` list per family. This module reads it without TensorFlow:
+
+* :func:`load_archiveii` -- a list of example dicts (features of
+  :mod:`data.examples` plus ``in_lis``) from the tarball, a folder of ``.ct``
+  files, or the normalised ``archiveii.tsv``; optionally one split of the
+  random or a family-fold split, and the recommended filter.
+* ``data.archiveii.archiveii_dataset_builder.Builder`` -- the TensorFlow
+  Datasets builder (``tfds.builder("archiveii/fold_tRNA")``), imported
+  separately because it imports ``tensorflow_datasets``.
+
+Splits (the same for both): ``random`` -- :func:`data.examples.split_of`
+(SHA-256 of the sequence, ~80/10/10, identical sequences together; equal to
+the ``random_split`` column of ``archiveii.tsv``); ``fold_<family>`` -- that
+family is ``test``, the other nine give ``valid`` (their random ``valid`` part)
+and ``train`` (the rest), see :func:`data.examples.fold_split_of`.
+
+Caveats (see ``shared/data/archiveii/README.md``): 1,086 structures are
+pseudoknotted (``pair_table`` holds a maximum nested subset,
+``full_pair_table`` every pair); 515 rows repeat a sequence (``dup_of``); 156
+have hairpins shorter than 3 (``n_short_hairpin``); 35 are not in the
+family lists (``in_lis``: full-length 16S/23S rRNAs whose domains are listed
+separately, and 4 SRP entries without pairs). The "nucleotides a through b"
+titles of the rRNA domain files are off by one; titles are ignored.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import sys
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from data.examples import SPLITS, fold_split_of, make_example, mark_duplicates
+from data.formats import FormatError, RnaRecord, parse_records
+from layers.dotbracket import from_dot_bracket, table_from_pairs
+
+__all__ = [
+    "URL",
+    "FAMILIES",
+    "NUM_STRUCTURES",
+    "ARCHIVE_NAMES",
+    "default_path",
+    "examples_from_archive",
+    "examples_from_tsv",
+    "load_archiveii",
+    "recommended_filter",
+]
+
+URL = "https://rna.urmc.rochester.edu/pub/archiveII.tar.gz"
+#: The ten family codes (id prefixes), largest first.
+FAMILIES = ("5s", "srp", "tRNA", "tmRNA", "RNaseP", "grp1", "16s", "telomerase", "23s", "grp2")
+NUM_STRUCTURES = 3975
+#: File names of the archive: as distributed by the Mathews lab, and the
+#: repacked copy kept in ``shared/data/archiveii/raw/``.
+ARCHIVE_NAMES = ("archiveII.tar.gz", "archiveII_ct.tar.gz")
+
+
+def default_path() -> Path | None:
+    """The shared copy: ``$FOLDAX_ARCHIVEII`` or ``<repo>/../shared/data/archiveii/``.
+
+    Prefers ``archiveii.tsv`` (fast) over the raw tarball; None if neither exists.
+    """
+    env = os.environ.get("FOLDAX_ARCHIVEII")
+    if env:
+        return Path(env)
+    root = Path(__file__).resolve().parents[3] / "shared" / "data" / "archiveii"
+    for candidate in [root / "archiveii.tsv"] + [root / "raw" / name for name in ARCHIVE_NAMES]:
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _archive_members(path: Path) -> Iterator[tuple[str, str]]:
+    """``(member name, text)`` of every ``.ct`` and ``.lis`` file in a tarball or folder."""
+    wanted = (".ct", ".lis")
+    if path.is_dir():
+        for file in sorted(path.rglob("*")):
+            if file.suffix in wanted and file.is_file():
+                yield str(file), file.read_text(encoding="utf-8", errors="replace")
+        return
+    with tarfile.open(path, "r:*") as tar:
+        for member in sorted(tar.getmembers(), key=lambda m: m.name):
+            if member.isfile() and member.name.endswith(wanted):
+                text = tar.extractfile(member).read().decode("utf-8", errors="replace")
+                yield f"{path.name}!{member.name}", text
+
+
+def examples_from_archive(path: str | os.PathLike) -> list[dict]:
+    """Examples (sorted by id) from the ArchiveII tarball or an extracted folder of it.
+
+    Every ``.ct`` file must hold exactly one valid structure, else
+    :class:`data.formats.FormatError`. ``in_lis`` is True for ids listed in
+    any ``*.lis`` file.
+    """
+    records, listed = [], set()
+    for name, text in _archive_members(Path(path)):
+        if name.endswith(".lis"):
+            listed.update(line.strip() for line in text.splitlines() if line.strip())
+            continue
+        parsed = parse_records(text, "ct", name=name, pseudoknots="keep")
+        if len(parsed) != 1:
+            raise FormatError(f"expected one structure, found {len(parsed)}", path=name, reason="syntax")
+        records.append(parsed[0].replace(id=Path(name).stem))
+    examples = [make_example(r) for r in sorted(records, key=lambda r: r.id)]
+    for ex in examples:
+        ex["in_lis"] = ex["id"] in listed
+    mark_duplicates(examples)
+    return examples
+
+
+def examples_from_tsv(path: str | os.PathLike) -> list[dict]:
+    """Examples from the normalised ``archiveii.tsv`` (``pairs`` column = every pair).
+
+    The nested ``pair_table`` is taken from the ``nested_dot_bracket`` column;
+    the other features are recomputed by :func:`data.examples.make_example`
+    and agree with the TSV's columns (a test checks this).
+    """
+    csv.field_size_limit(sys.maxsize)
+    examples = []
+    with open(path, newline="") as fh:
+        for line, row in enumerate(csv.DictReader(fh, delimiter="\t"), start=2):
+            n = int(row["length"])
+            pairs = [tuple(int(x) - 1 for x in p.split("-")) for p in row["pairs"].split()]
+            record = RnaRecord(row["id"], row["sequence"], table_from_pairs(pairs, n), f"{path}:{line}")
+            ex = make_example(record, family=row["family"])
+            nested = from_dot_bracket(row["nested_dot_bracket"])
+            if not np.array_equal(nested, ex["pair_table"]):
+                raise FormatError("nested_dot_bracket differs from the maximum nested subset of pairs",
+                                  path=str(path), line=line, record=row["id"])
+            ex["in_lis"] = row["in_lis"] == "1"
+            examples.append(ex)
+    mark_duplicates(examples)
+    return examples
+
+
+def recommended_filter(example: dict, max_length: int = 512) -> bool:
+    """The README's filter for an O(L^3) nested model: listed, no hairpin < 3, length <= 512."""
+    return bool(example["in_lis"]) and example["n_short_hairpin"] == 0 and example["length"] <= max_length
+
+
+def load_archiveii(
+    path: str | os.PathLike | None = None,
+    *,
+    split: str | None = None,
+    fold: str | None = None,
+    filtered: bool = False,
+) -> list[dict]:
+    """ArchiveII examples, sorted by id, without TensorFlow Datasets.
+
+    Args:
+      path: ``archiveii.tsv``, the ``.tar.gz`` archive, or a folder of ``.ct``
+        files; default :func:`default_path`.
+      split: ``"train"``, ``"valid"`` or ``"test"`` to keep one split; None keeps all.
+      fold: a family code to use the leave-that-family-out split instead of
+        the random one (see :func:`data.examples.fold_split_of`).
+      filtered: apply :func:`recommended_filter`.
+    """
+    if fold is not None and fold not in FAMILIES:
+        raise ValueError(f"unknown family {fold!r}; one of {FAMILIES}")
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; one of {SPLITS}")
+    path = Path(path) if path is not None else default_path()
+    if path is None or not path.exists():
+        raise FileNotFoundError(f"ArchiveII not found at {path}; pass a path or set $FOLDAX_ARCHIVEII")
+    examples = examples_from_tsv(path) if path.suffix == ".tsv" else examples_from_archive(path)
+    return [
+        ex for ex in examples
+        if (split is None or fold_split_of(ex, fold) == split) and (not filtered or recommended_filter(ex))
+    ]
