@@ -1,9 +1,11 @@
 """foldax layers: the RNA inside algorithm as a fast, exact, differentiable JAX core."""
 
 from layers.alphabet import ALPHABET, DEFAULT_BUCKETS, PAD_TOKEN, bucket_length, decode, encode, encode_batch
+from layers.dotbracket import from_dot_bracket, to_dot_bracket
 from layers.inside import check_params, log_partition, max_score
 from layers.params import default_params, init_params
 from layers.semiring import LOG, MAX, LogSemiring, MaxSemiring
+from layers.structure import log_prob, structure_score
 
 __all__ = [
     "ALPHABET",
@@ -22,4 +24,20 @@ __all__ = [
     "MAX",
     "LogSemiring",
     "MaxSemiring",
+    "from_dot_bracket",
+    "to_dot_bracket",
+    "structure_score",
+    "log_prob",
 ]
+
+# Flax layers (layers/nnx_layer.py), imported on first use so that `import layers` stays free of Flax.
+_LAZY = {"InsideLayer": "layers.nnx_layer", "LinenInsideLayer": "layers.nnx_layer"}
+__all__ += list(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'layers' has no attribute {name!r}")

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from layers.alphabet import NUM_TOKENS
-from layers.chart import DEFAULT_NUM_CHUNKS, inside_charts_from_scores, inside_from_scores
+from layers.chart import inside_charts_from_scores, inside_from_scores
 
 PARAM_SHAPES = {
     "stack": (NUM_TOKENS,) * 4,
@@ -98,6 +98,18 @@ def _skew(x, length):
     return jnp.where(jnp.asarray(i + d < length), x[:, i, j], 0)
 
 
+def _lookup(table, indices):
+    """table[indices...] for a small replicated table and (possibly sharded) token indices.
+
+    The result takes the indices' sharding, so the gather also works when the batch
+    is sharded over an explicit mesh (``jax.make_mesh`` + ``jax.set_mesh``).
+    """
+    flat = indices[0]
+    for size, index in zip(table.shape[1:], indices[1:]):
+        flat = flat * size + index
+    return table.reshape(-1).at[flat].get(out_sharding=jax.typeof(flat).sharding)
+
+
 def cell_scores(params, tokens, phi=None):
     """Per-cell scores in the engine's width layout (all differentiable gathers).
 
@@ -114,11 +126,11 @@ def cell_scores(params, tokens, phi=None):
     i = np.arange(length)[None, :]
     x_i, x_j = padded[:, i], padded[:, i + d]
     x_jm1, x_ip1 = padded[:, np.maximum(i + d - 1, 0)], padded[:, i + 1]
-    pair_w = params["pair"].astype(dtype)[x_i, x_j]
+    pair_w = _lookup(params["pair"].astype(dtype), (x_i, x_j))
     if phi is not None:
         pair_w = pair_w + _skew(phi.astype(dtype), length)
-    stack_w = params["stack"].astype(dtype)[x_i, x_j, x_jm1, x_ip1]
-    unpaired = params["unpaired"].astype(dtype)[x]
+    stack_w = _lookup(params["stack"].astype(dtype), (x_i, x_j, x_jm1, x_ip1))
+    unpaired = _lookup(params["unpaired"].astype(dtype), (x,))
     loop = params["loop"].astype(dtype)
     return pair_w, stack_w, unpaired, loop
 
@@ -141,7 +153,7 @@ def _value(params, tokens, lengths, phi, min_hairpin, semiring, num_chunks):
     return out if batched else out[0]
 
 
-def log_partition(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chunks=DEFAULT_NUM_CHUNKS):
+def log_partition(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chunks=None):
     r"""Log partition function :math:`\log Z(x) = \log \sum_s e^{\mathrm{score}(s)}`.
 
     Args:
@@ -152,7 +164,8 @@ def log_partition(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_
         Tokens past a sequence's length never change its result.
       phi: optional extra pair potentials ``[n, n]`` or ``[B, L, L]`` (entry ``[i, j]``, ``i < j``).
       min_hairpin: static ``h >= 0``; a pair (i, j) needs ``j - i > h``.
-      num_chunks: static; how many static-shape pieces the diagonal loop is split into.
+      num_chunks: static; how many static-shape pieces the diagonal loop is split into
+        (default ``min(12, L // 32)``: more chunks waste less work but compile longer).
 
     Returns:
       a scalar (or ``[B]``): ``Z[0][n-1]``, 0 for an empty sequence. Differentiable with
@@ -168,13 +181,13 @@ def log_partition(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_
     return _value(params, tokens, lengths, phi, min_hairpin, "log", num_chunks)
 
 
-def max_score(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chunks=DEFAULT_NUM_CHUNKS):
+def max_score(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chunks=None):
     """The best structure's score ``max_s score(s)`` (max semiring); same arguments as
     :func:`log_partition`. Its gradient is the indicator of the best structure."""
     return _value(params, tokens, lengths, phi, min_hairpin, "max", num_chunks)
 
 
-def inside_charts(params, tokens, *, phi=None, min_hairpin=3, semiring="log", num_chunks=DEFAULT_NUM_CHUNKS):
+def inside_charts(params, tokens, *, phi=None, min_hairpin=3, semiring="log", num_chunks=None):
     """The filled charts ``(F, Zn, Zr)`` for batched tokens ``[B, L]`` (see ``chart.py``)."""
     params = check_params(params)
     tokens, _, phi, _ = _check_inputs(tokens, None, phi, min_hairpin)

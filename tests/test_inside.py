@@ -1,0 +1,247 @@
+"""Exactness of the chart engine (log_partition / max_score) against the oracles."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import layers
+from layers.chart import diagonal_chunks
+from layers.reference import brute_force_log_partition, reference_log_partition
+
+SEMIRINGS = {"log": layers.log_partition, "max": layers.max_score}
+
+
+def random_params(rng, scale=1.0, dtype=np.float64):
+    return {
+        "stack": jnp.asarray(scale * rng.normal(size=(5, 5, 5, 5)), dtype),
+        "pair": jnp.asarray(scale * rng.normal(size=(5, 5)), dtype),
+        "unpaired": jnp.asarray(scale * rng.normal(size=5), dtype),
+        "loop": jnp.asarray(scale * rng.normal(), dtype),
+    }
+
+
+def rel_err(a, b):
+    return abs(float(a) - float(b)) / max(1.0, abs(float(b)))
+
+
+@pytest.mark.parametrize("semiring", ["log", "max"])
+@pytest.mark.parametrize("min_hairpin", [0, 1, 3, 5])
+@pytest.mark.parametrize("scale", [1.0, 5.0])
+def test_matches_brute_force(semiring, min_hairpin, scale):
+    rng = np.random.default_rng(hash((semiring, min_hairpin, scale)) % 2**32)
+    for n in [0, 1, 2, min_hairpin, min_hairpin + 1, min_hairpin + 2, 8, 11]:
+        tokens = rng.integers(0, 5, n)  # includes N (4)
+        with_phi = rng.random() < 0.5
+        phi = rng.normal(size=(n, n)) * scale if with_phi else None
+        params = random_params(rng, scale)
+        exact = brute_force_log_partition(params, tokens, phi=phi, min_hairpin=min_hairpin, semiring=semiring)
+        f = SEMIRINGS[semiring]
+        got64 = f(params, tokens, phi=None if phi is None else jnp.asarray(phi), min_hairpin=min_hairpin)
+        assert got64.dtype == jnp.float64
+        assert rel_err(got64, exact) <= 1e-10, (n, got64, exact)
+        params32 = {k: v.astype(jnp.float32) for k, v in params.items()}
+        got32 = f(params32, tokens, phi=None if phi is None else jnp.asarray(phi, jnp.float32), min_hairpin=min_hairpin)
+        assert got32.dtype == jnp.float32
+        # float32 carries ~1e-7 relative error per operation; scores of size ~scale*n add up.
+        assert rel_err(got32, exact) <= 1e-5 * max(1.0, scale), (n, got32, exact)
+
+
+def test_iupac_and_case_encode_like_n():
+    rng = np.random.default_rng(3)
+    params = random_params(rng)
+    seq = "acgtRYKMswbdhvN"
+    tokens = layers.encode(seq)
+    assert tokens.tolist() == [0, 1, 2, 3] + [4] * 11
+    exact = brute_force_log_partition(params, tokens, min_hairpin=3)
+    assert rel_err(layers.log_partition(params, tokens), exact) <= 1e-10
+
+
+@pytest.mark.parametrize("n, min_hairpin", [(60, 3), (150, 3), (97, 0)])
+def test_matches_reference_loops(n, min_hairpin):
+    rng = np.random.default_rng(n)
+    params = random_params(rng)
+    tokens = rng.integers(0, 5, n)
+    phi = rng.normal(size=(n, n))
+    for semiring, f in SEMIRINGS.items():
+        exact = reference_log_partition(params, tokens, phi=phi, min_hairpin=min_hairpin, semiring=semiring)
+        got = f(params, tokens, phi=jnp.asarray(phi), min_hairpin=min_hairpin)
+        assert rel_err(got, exact) <= 1e-10
+
+
+@pytest.mark.slow
+def test_matches_reference_loops_n300():
+    rng = np.random.default_rng(300)
+    params = random_params(rng)
+    tokens = rng.integers(0, 4, 300)
+    exact = reference_log_partition(params, tokens)
+    assert rel_err(layers.log_partition(params, tokens), exact) <= 1e-10
+    params32 = {k: v.astype(jnp.float32) for k, v in params.items()}
+    assert rel_err(layers.log_partition(params32, tokens), exact) <= 1e-5
+
+
+@pytest.mark.parametrize("num_chunks", [1, 2, 7])
+def test_chunking_never_changes_the_result(num_chunks):
+    rng = np.random.default_rng(7)
+    params = random_params(rng)
+    tokens = rng.integers(0, 5, 45)
+    base = layers.log_partition(params, tokens, num_chunks=12)
+    assert rel_err(layers.log_partition(params, tokens, num_chunks=num_chunks), base) <= 1e-12
+
+
+def test_diagonal_chunks_cover_every_diagonal_once():
+    for length in [1, 2, 7, 64, 129, 800]:
+        for k in [1, 3, 12, 24]:
+            chunks = diagonal_chunks(length, k)
+            assert len(chunks) <= k
+            assert chunks[0][0] == 0 and chunks[-1][1] == length
+            assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+            assert all(d0 < d1 for d0, d1 in chunks)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_batch_with_mixed_lengths_equals_each_alone(dtype):
+    rng = np.random.default_rng(11)
+    params = {k: v.astype(dtype) for k, v in random_params(rng, 2.0).items()}
+    seqs = ["", "A", "GGGAAAUCC", "ACGUACGUAGCUAGCUAGGCUAGCUAGCAUCGAUCG", "NNGCAUGC"]
+    tokens, lengths = layers.encode_batch(seqs)
+    phi = rng.normal(size=tokens.shape + (tokens.shape[1],)).astype(dtype)
+    for f in SEMIRINGS.values():
+        batched = f(params, tokens, lengths, phi=phi)
+        assert batched.shape == (len(seqs),)
+        for b, s in enumerate(seqs):
+            n = len(s)
+            alone = f(params, layers.encode(s), phi=phi[b, :n, :n])
+            tol = 1e-12 if dtype == jnp.float64 else 1e-6
+            assert rel_err(batched[b], alone) <= tol
+
+
+def test_padding_content_never_changes_a_result():
+    rng = np.random.default_rng(5)
+    params = random_params(rng)
+    tokens, lengths = layers.encode_batch(["GGGGAAACCCC", "ACGUAGCUAGC"], buckets=(32,))
+    noisy = tokens.copy()
+    phi = np.zeros((2, 32, 32))
+    noisy_phi = phi.copy()
+    for b, n in enumerate(lengths):
+        noisy[b, n:] = rng.integers(0, 5, 32 - n)
+        noisy_phi[b, n:, :] = rng.normal(size=(32 - n, 32)) * 100
+        noisy_phi[b, :, n:] = rng.normal(size=(32, 32 - n)) * 100
+    for f in SEMIRINGS.values():
+        clean = f(params, tokens, lengths, phi=phi)
+        dirty = f(params, noisy, lengths, phi=noisy_phi)
+        np.testing.assert_array_equal(np.asarray(clean), np.asarray(dirty))
+        g_clean = jax.grad(lambda p: f(p, tokens, lengths, phi=phi).sum())(params)
+        g_dirty = jax.grad(lambda p: f(p, noisy, lengths, phi=noisy_phi).sum())(params)
+        for k in g_clean:
+            np.testing.assert_allclose(g_clean[k], g_dirty[k], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("min_hairpin", [0, 1, 3])
+@pytest.mark.parametrize("scale", [1.0, 50.0])
+def test_edge_lengths_finite_values_and_gradients(min_hairpin, scale):
+    rng = np.random.default_rng(min_hairpin)
+    for dtype in [jnp.float32, jnp.float64]:
+        params = {k: v.astype(dtype) for k, v in random_params(rng, scale).items()}
+        for n in sorted({0, 1, min_hairpin, min_hairpin + 1, min_hairpin + 2}):
+            tokens = rng.integers(0, 5, n)
+            for semiring, f in SEMIRINGS.items():
+                value, grads = jax.value_and_grad(lambda p: f(p, tokens, min_hairpin=min_hairpin))(params)
+                exact = brute_force_log_partition(params, tokens, min_hairpin=min_hairpin, semiring=semiring)
+                assert np.isfinite(float(value))
+                assert rel_err(value, exact) <= (1e-10 if dtype == jnp.float64 else 1e-5)
+                assert all(bool(jnp.isfinite(g).all()) for g in grads.values())
+            if n == 0:
+                assert float(layers.log_partition(params, tokens)) == 0.0
+
+
+def test_large_magnitude_parameters_long_sequence_float32_finite():
+    rng = np.random.default_rng(50)
+    params = {k: jnp.clip(v, -50, 50).astype(jnp.float32) for k, v in random_params(rng, 25.0).items()}
+    tokens, lengths = layers.encode_batch(["".join(rng.choice(list("ACGU"), n)) for n in (5, 90, 120)])
+    value, grads = jax.value_and_grad(lambda p: layers.log_partition(p, tokens, lengths).sum())(params)
+    assert bool(jnp.isfinite(value))
+    assert all(bool(jnp.isfinite(g).all()) for g in grads.values())
+    exact = reference_log_partition({k: np.float64(v) for k, v in params.items()}, tokens[2, : lengths[2]])
+    assert rel_err(layers.log_partition(params, tokens, lengths)[2], exact) <= 1e-5
+
+
+def test_gradient_matches_finite_differences_float64():
+    rng = np.random.default_rng(21)
+    params = random_params(rng)
+    tokens = rng.integers(0, 5, 13)
+    phi = jnp.asarray(rng.normal(size=(13, 13)))
+
+    def f(p, phi):
+        return layers.log_partition(p, tokens, phi=phi, min_hairpin=1)
+
+    g_params, g_phi = jax.grad(f, argnums=(0, 1))(params, phi)
+    eps = 1e-6
+    for name in ["loop", "unpaired", "pair"]:
+        flat = np.asarray(params[name]).ravel()
+        for idx in range(flat.size):
+            up, down = flat.copy(), flat.copy()
+            up[idx] += eps
+            down[idx] -= eps
+            shape = np.shape(params[name])
+            num = (f({**params, name: jnp.asarray(up.reshape(shape))}, phi)
+                   - f({**params, name: jnp.asarray(down.reshape(shape))}, phi)) / (2 * eps)
+            assert abs(float(np.asarray(g_params[name]).ravel()[idx]) - float(num)) <= 1e-6
+    # d logZ / d phi[i, j] is the probability that (i, j) pairs: in [0, 1], zero below the diagonal.
+    assert float(g_phi.min()) >= 0 and float(g_phi.max()) <= 1
+    assert float(jnp.abs(jnp.tril(g_phi)).max()) == 0
+
+
+def test_max_semiring_gradient_is_a_structure_indicator():
+    rng = np.random.default_rng(8)
+    params = random_params(rng)
+    tokens = rng.integers(0, 4, 30)
+    g_phi = jax.grad(lambda phi: layers.max_score(params, tokens, phi=phi))(jnp.zeros((30, 30)))
+    g = np.asarray(g_phi)
+    assert set(np.unique(g)) <= {0.0, 1.0}
+    assert (g.sum(0) + g.sum(1)).max() <= 1  # each base pairs at most once
+
+
+def test_jit_and_vmap_agree_with_batched_call():
+    rng = np.random.default_rng(2)
+    params = random_params(rng)
+    tokens = jnp.asarray(rng.integers(0, 5, (4, 20)), jnp.int32)
+    batched = layers.log_partition(params, tokens)
+    jitted = jax.jit(layers.log_partition)(params, tokens)
+    vmapped = jax.vmap(layers.log_partition, in_axes=(None, 0))(params, tokens)
+    np.testing.assert_allclose(jitted, batched, rtol=1e-12)
+    np.testing.assert_allclose(vmapped, batched, rtol=1e-12)
+    g = jax.grad(lambda p: jax.vmap(layers.log_partition, in_axes=(None, 0))(p, tokens).sum())(params)
+    g_ref = jax.grad(lambda p: layers.log_partition(p, tokens).sum())(params)
+    for k in g:
+        np.testing.assert_allclose(g[k], g_ref[k], rtol=1e-10, atol=1e-12)
+
+
+def test_forward_mode_is_a_clear_error():
+    params = random_params(np.random.default_rng(0))
+    tokens = layers.encode("GGGAAACCC")
+    with pytest.raises(TypeError, match="forward-mode|jvp"):
+        jax.jvp(lambda p: layers.log_partition(p, tokens), (params,), (params,))
+
+
+def test_bad_inputs_give_clear_errors():
+    params = random_params(np.random.default_rng(0))
+    with pytest.raises(ValueError, match=r"'X' at position 3"):
+        layers.encode("ACGXU")
+    with pytest.raises(ValueError, match=r"sequence 1: invalid nucleotide '-' at position 2"):
+        layers.encode_batch(["ACGU", "AC-U"])
+    with pytest.raises(ValueError, match=r"params\['pair'\] must have shape \(5, 5\)"):
+        layers.log_partition({**params, "pair": jnp.zeros((4, 4))}, layers.encode("ACGU"))
+    with pytest.raises(KeyError, match="missing"):
+        layers.log_partition({"pair": params["pair"]}, layers.encode("ACGU"))
+    tokens, _ = layers.encode_batch(["ACGU", "GG"], buckets=None)
+    with pytest.raises(ValueError, match=r"lengths\[1\] = 5 is outside 0..L = 0..4"):
+        layers.log_partition(params, tokens, np.array([4, 5]))
+    with pytest.raises(ValueError, match=r"lengths\[0\] = -1"):
+        layers.log_partition(params, tokens, np.array([-1, 2]))
+    with pytest.raises(ValueError, match=r"token 7 at index \(2,\)"):
+        layers.log_partition(params, np.array([0, 1, 7]))
+    with pytest.raises(ValueError, match="min_hairpin"):
+        layers.log_partition(params, tokens, min_hairpin=-1)
+    with pytest.raises(ValueError, match="phi must have shape"):
+        layers.log_partition(params, layers.encode("ACGU"), phi=jnp.zeros((3, 3)))
