@@ -19,7 +19,23 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root, for `layers`
+
+
+def _early_devices(argv):
+    """--devices must act before JAX starts: it sets the number of XLA CPU devices."""
+    for k, a in enumerate(argv):
+        if a == "--devices" and k + 1 < len(argv):
+            return int(argv[k + 1])
+        if a.startswith("--devices="):
+            return int(a.split("=", 1)[1])
+    return 1
+
+
+DEVICES = _early_devices(sys.argv)
+if DEVICES > 1:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={DEVICES}").strip()
 import jax  # noqa: E402
+from jax.sharding import AxisType, NamedSharding, PartitionSpec  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from benchmarks.cpp_baseline import build, cpp_log_partition, cpp_log_partition_batch  # noqa: E402
@@ -82,12 +98,27 @@ def run_case(args, params, tokens, batched):
         impls["cpp"] = (lambda: cpp_log_partition(params, tokens, h), None)
     if layers is not None:
         fx = jax.jit(layers.log_partition, static_argnames=("min_hairpin",))
-        fx_args = (jparams, jtokens, jnp.full(tokens.shape[0], L, jnp.int32)) if batched else (jparams, jtokens)
-        impls["foldax"] = aot(fx, fx_args, {"min_hairpin": h})
+        if batched:
+            lengths = jnp.full(tokens.shape[0], L, jnp.int32)
+            if DEVICES > 1:  # data parallel: the batch split over the CPU devices (one per core)
+                mesh = jax.make_mesh((DEVICES,), ("data",), axis_types=(AxisType.Auto,))
+                shard = NamedSharding(mesh, PartitionSpec("data"))
+                jtokens, lengths = jax.device_put(jtokens, shard), jax.device_put(lengths, shard)
+            impls["foldax"] = aot(fx, (jparams, jtokens, lengths), {"min_hairpin": h})
+            # The same sequences one call at a time: the batch must not cost more per sequence.
+            one = aot(fx, (jparams, jnp.asarray(tokens[0])), {"min_hairpin": h})
+            impls["fx_1by1"] = (lambda one=one[0]: [one() for _ in range(tokens.shape[0])], one[1])
+        else:
+            impls["foldax"] = aot(fx, (jparams, jtokens), {"min_hairpin": h})
     results = {}
     for name, (fn, compile_s) in impls.items():
         med, runs, out = timed(fn, args.repeats)
-        err = np.max(np.abs(np.asarray(out, np.float64).ravel() - exact) / np.maximum(1, np.abs(exact)))
+        if name == "fx_1by1":
+            out = np.asarray(out)[:1]
+            ref = exact[:1]
+        else:
+            ref = exact
+        err = np.max(np.abs(np.asarray(out, np.float64).ravel() - ref) / np.maximum(1, np.abs(ref)))
         results[name] = {"median_s": med, "runs_s": runs, "compile_s": compile_s, "max_rel_err": float(err)}
     return results
 
@@ -101,7 +132,7 @@ def fmt_s(r, key="median_s"):
 
 def print_table(title, rows):
     print(f"\n{title}")
-    head = ["size", "terms", "naive", "cpp", "foldax", "naive/fx", "cpp/fx",
+    head = ["size", "terms", "naive", "cpp", "foldax", "fx 1-by-1", "naive/fx", "cpp/fx", "1by1/fx",
             "ns/term n|c|f", "compile n|f", "err n|c|f"]
     lines = []
     for row in rows:
@@ -112,7 +143,7 @@ def print_table(title, rows):
         nst = lambda k: f"{r[k]['median_s'] / row['terms'] * 1e9:.2f}" if k in r else "-"
         err = lambda k: f"{r[k]['max_rel_err']:.0e}" if k in r else "-"
         lines.append([row["label"], f"{row['terms']:.3g}", fmt_s(get("naive")), fmt_s(get("cpp")),
-                      fmt_s(get("foldax")), ratio("naive"), ratio("cpp"),
+                      fmt_s(get("foldax")), fmt_s(get("fx_1by1")), ratio("naive"), ratio("cpp"), ratio("fx_1by1"),
                       "|".join(nst(k) for k in ("naive", "cpp", "foldax")),
                       "|".join(fmt_s(get(k), "compile_s") for k in ("naive", "foldax")),
                       "|".join(err(k) for k in ("naive", "cpp", "foldax"))])
@@ -135,6 +166,8 @@ def main():
     ap.add_argument("--min-hairpin", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write all results here")
+    ap.add_argument("--devices", type=int, default=1,
+                    help="XLA CPU devices; the foldax batch is sharded over them (use 2 for 2 cores)")
     args = ap.parse_args()
 
     cores = len(os.sched_getaffinity(0))
@@ -144,7 +177,8 @@ def main():
     print(f"cpu cores usable (sched_getaffinity): {cores}; "
           "single-sequence rows are meant for `taskset -c 0` (1 core), batch rows for 2 cores "
           f"(C++ batch uses {args.threads} threads)")
-    print("foldax: " + ("layers.log_partition" if layers else f"skipped ({LAYERS_ERROR})"))
+    print("foldax: " + ("layers.log_partition" if layers else f"skipped ({LAYERS_ERROR})")
+          + f"; batch sharded over {DEVICES} device(s)")
     print(f"float32, min_hairpin={args.min_hairpin}, median of {args.repeats} after 1 warm-up; "
           "err = max |x - cpp64| / max(1, |cpp64|)")
     if args.section != "single" and cores < args.threads:

@@ -144,12 +144,26 @@ def _batched_value(params, tokens, lengths, phi, *, min_hairpin, semiring, num_c
     return inside_from_scores(pair_w, stack_w, unpaired, loop, lengths, length, min_hairpin, semiring, num_chunks)
 
 
+def _explicit_batch_spec(tokens):
+    """The batch axis's mesh axes when tokens are sharded over an *explicit* mesh, else None."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
+        return None
+    return jax.typeof(tokens).sharding.spec[0]
+
+
 def _value(params, tokens, lengths, phi, min_hairpin, semiring, num_chunks):
     params = check_params(params)
     tokens, lengths, phi, batched = _check_inputs(tokens, lengths, phi, min_hairpin)
-    out = _batched_value(
-        params, tokens, lengths, phi, min_hairpin=int(min_hairpin), semiring=semiring, num_chunks=num_chunks
+    run = functools.partial(
+        _batched_value, min_hairpin=int(min_hairpin), semiring=semiring, num_chunks=num_chunks
     )
+    batch_spec = _explicit_batch_spec(tokens)
+    if batch_spec is not None:
+        # The engine's gathers and slices are written for automatic sharding; under an
+        # explicit mesh, run it in auto mode and hand back a batch-sharded result.
+        run = jax.sharding.auto_axes(run, out_sharding=jax.sharding.PartitionSpec(batch_spec))
+    out = run(params, tokens, lengths, phi)
     return out if batched else out[0]
 
 
