@@ -49,11 +49,14 @@ from jax import lax
 
 from layers.semiring import SEMIRINGS
 
-DEFAULT_NUM_CHUNKS = 12
+#: Upper limit of the automatic chunk count (see ``auto_num_chunks``).
+MAX_AUTO_CHUNKS = 12
+#: ``num_chunks=None`` everywhere means ``auto_num_chunks(L)``.
+DEFAULT_NUM_CHUNKS = None
 
 
 @functools.lru_cache(maxsize=256)
-def diagonal_chunks(length: int, num_chunks: int = DEFAULT_NUM_CHUNKS) -> tuple[tuple[int, int], ...]:
+def diagonal_chunks(length: int, num_chunks: int = MAX_AUTO_CHUNKS) -> tuple[tuple[int, int], ...]:
     """Splits diagonals 0..length-1 into at most ``num_chunks`` runs [d0, d1).
 
     Chosen by dynamic programming over boundaries on a coarse grid to minimise
@@ -86,7 +89,7 @@ def diagonal_chunks(length: int, num_chunks: int = DEFAULT_NUM_CHUNKS) -> tuple[
 
 def auto_num_chunks(length: int) -> int:
     """Default chunk count: short charts compile fast, long ones waste little work."""
-    return max(1, min(DEFAULT_NUM_CHUNKS, length // 32))
+    return max(1, min(MAX_AUTO_CHUNKS, length // 32))
 
 
 def _geometry(length: int, num_chunks: int | None):

@@ -30,21 +30,32 @@ def rel_err(a, b):
 @pytest.mark.parametrize("scale", [1.0, 5.0])
 def test_matches_brute_force(semiring, min_hairpin, scale):
     rng = np.random.default_rng(hash((semiring, min_hairpin, scale)) % 2**32)
-    for n in [0, 1, 2, min_hairpin, min_hairpin + 1, min_hairpin + 2, 8, 11]:
-        tokens = rng.integers(0, 5, n)  # includes N (4)
-        with_phi = rng.random() < 0.5
-        phi = rng.normal(size=(n, n)) * scale if with_phi else None
-        params = random_params(rng, scale)
-        exact = brute_force_log_partition(params, tokens, phi=phi, min_hairpin=min_hairpin, semiring=semiring)
-        f = SEMIRINGS[semiring]
-        got64 = f(params, tokens, phi=None if phi is None else jnp.asarray(phi), min_hairpin=min_hairpin)
-        assert got64.dtype == jnp.float64
-        assert rel_err(got64, exact) <= 1e-10, (n, got64, exact)
-        params32 = {k: v.astype(jnp.float32) for k, v in params.items()}
-        got32 = f(params32, tokens, phi=None if phi is None else jnp.asarray(phi, jnp.float32), min_hairpin=min_hairpin)
-        assert got32.dtype == jnp.float32
+    params = random_params(rng, scale)
+    lengths = np.array([0, 1, 2, min_hairpin, min_hairpin + 1, min_hairpin + 2, 8, 11, 12])
+    tokens = rng.integers(0, 5, (len(lengths), 12))  # includes N (4); one padded batch, one compile
+    with_phi = min_hairpin % 2 == 0  # half the cases with phi, half through the phi=None path
+    phi = rng.normal(size=(len(lengths), 12, 12)) * scale if with_phi else None
+    exact = [
+        brute_force_log_partition(params, tokens[b, :n], phi=None if phi is None else phi[b, :n, :n],
+                                  min_hairpin=min_hairpin, semiring=semiring)
+        for b, n in enumerate(lengths)
+    ]
+    f = SEMIRINGS[semiring]
+    got64 = f(params, tokens, lengths, phi=phi, min_hairpin=min_hairpin)
+    assert got64.dtype == jnp.float64
+    for b in range(len(lengths)):
+        assert rel_err(got64[b], exact[b]) <= 1e-10, (lengths[b], got64[b], exact[b])
+    params32 = {k: v.astype(jnp.float32) for k, v in params.items()}
+    phi32 = None if phi is None else phi.astype(np.float32)
+    got32 = f(params32, tokens, lengths, phi=phi32, min_hairpin=min_hairpin)
+    assert got32.dtype == jnp.float32
+    for b in range(len(lengths)):
         # float32 carries ~1e-7 relative error per operation; scores of size ~scale*n add up.
-        assert rel_err(got32, exact) <= 1e-5 * max(1.0, scale), (n, got32, exact)
+        assert rel_err(got32[b], exact[b]) <= 1e-5 * scale, (lengths[b], got32[b], exact[b])
+    # The single-sequence path ([n] tokens -> scalar) agrees with the batch.
+    n = int(lengths[-2])
+    single = f(params, tokens[-2, :n], phi=None if phi is None else phi[-2, :n, :n], min_hairpin=min_hairpin)
+    assert rel_err(single, exact[-2]) <= 1e-10
 
 
 def test_iupac_and_case_encode_like_n():
@@ -141,18 +152,25 @@ def test_padding_content_never_changes_a_result():
 @pytest.mark.parametrize("scale", [1.0, 50.0])
 def test_edge_lengths_finite_values_and_gradients(min_hairpin, scale):
     rng = np.random.default_rng(min_hairpin)
+    lengths = np.array(sorted({0, 1, min_hairpin, min_hairpin + 1, min_hairpin + 2}))
+    tokens = rng.integers(0, 5, (len(lengths), 6))
     for dtype in [jnp.float32, jnp.float64]:
         params = {k: v.astype(dtype) for k, v in random_params(rng, scale).items()}
-        for n in sorted({0, 1, min_hairpin, min_hairpin + 1, min_hairpin + 2}):
-            tokens = rng.integers(0, 5, n)
-            for semiring, f in SEMIRINGS.items():
-                value, grads = jax.value_and_grad(lambda p: f(p, tokens, min_hairpin=min_hairpin))(params)
-                exact = brute_force_log_partition(params, tokens, min_hairpin=min_hairpin, semiring=semiring)
-                assert np.isfinite(float(value))
-                assert rel_err(value, exact) <= (1e-10 if dtype == jnp.float64 else 1e-5)
-                assert all(bool(jnp.isfinite(g).all()) for g in grads.values())
-            if n == 0:
-                assert float(layers.log_partition(params, tokens)) == 0.0
+        for semiring, f in SEMIRINGS.items():
+            values = f(params, tokens, lengths, min_hairpin=min_hairpin)
+            for b, n in enumerate(lengths):
+                exact = brute_force_log_partition(params, tokens[b, :n], min_hairpin=min_hairpin, semiring=semiring)
+                assert rel_err(values[b], exact) <= (1e-10 if dtype == jnp.float64 else 1e-5)
+            for b, n in enumerate(lengths):  # each row's gradient on its own: no NaN from padding
+                grads = jax.grad(lambda p: f(p, tokens, lengths, min_hairpin=min_hairpin)[b])(params)
+                assert all(bool(jnp.isfinite(g).all()) for g in grads.values()), (n, semiring)
+                if n == 0:
+                    assert all(float(jnp.abs(g).max()) == 0 for g in grads.values())
+    for n in [0, 1]:  # the unbatched path at the smallest sizes
+        value, grads = jax.value_and_grad(lambda p: layers.log_partition(p, tokens[0, :n]))(params)
+        assert np.isfinite(float(value)) and all(bool(jnp.isfinite(g).all()) for g in grads.values())
+        if n == 0:
+            assert float(value) == 0.0
 
 
 def test_large_magnitude_parameters_long_sequence_float32_finite():

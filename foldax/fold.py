@@ -1,0 +1,513 @@
+"""``foldax fold``: reading inputs, batched folding, and RNAfold-style output.
+
+The folding itself is done by :mod:`layers` (no dynamic programming here):
+:func:`layers.decode.best_structure` / :func:`layers.decode.mea_structure` for the
+structure, :func:`layers.structure.structure_score` for its score,
+:func:`layers.log_partition` for log Z and :func:`layers.decode.pair_probs` for the
+base-pair probabilities. Records are grouped by their padded length
+(:func:`layers.bucket_length`, :data:`layers.DEFAULT_BUCKETS`) and each group is folded
+with one batched call per function (split into several calls only when a group is
+bigger than ``batch_size``; a short last batch is padded to a power of two so that
+only a few programs are ever compiled per bucket).
+
+Input (:func:`read_inputs`), in the habits of RNAfold:
+
+* FASTA-like text (a file, or stdin): ``>id`` header lines; the sequence may be
+  wrapped over several lines; without any header every line is one sequence (ids
+  ``seq1``, ``seq2``, ... numbered over all inputs). A line made only of
+  ``.()[]{}<>`` right after a sequence is that record's *reference* structure (so
+  ``.dbn`` files work; a score such as ``(-1.20)`` after it is ignored). Blank lines
+  and lines starting with ``;`` or ``#`` are skipped.
+* ``.bpseq``, ``.ct`` and ``.tsv`` files are read with :mod:`data.formats` (their
+  structures become references).
+* sequences given on the command line.
+
+Letters as in :func:`layers.encode`: ``ACGU``, ``T`` (read as ``U``), ``N`` and the
+IUPAC codes, any case; printed upper case with ``T`` as ``U``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+import layers
+from layers.dotbracket import StructureError, from_dot_bracket, pairs_from_table, to_dot_bracket
+
+PARAM_KEYS = ("stack", "pair", "unpaired", "loop")
+#: Formats read with :mod:`data.formats` (everything else is read as FASTA-like text).
+STRUCTURED_EXTENSIONS = {".bpseq": "bpseq", ".ct": "ct", ".tsv": "tsv"}
+#: Cells (batch x L x L) one batched call may hold when ``batch_size`` is automatic.
+DEFAULT_MAX_CELLS = 1 << 22
+DEFAULT_MAX_BATCH = 64
+
+_STRUCTURE_LINE = re.compile(r"^[.()\[\]{}<>]+$")
+_PSEUDOKNOT_LINE = re.compile(r"^[.()\[\]{}<>A-Za-z]+$")
+_SCORE_SUFFIX = re.compile(r"^[(\[{]\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?.*[)\]}]$")
+
+
+class InputError(ValueError):
+    """A bad input record: names the record (id), where it is (``file:line``) and what is wrong."""
+
+    def __init__(self, message: str, *, where: str = "", record: str | None = None):
+        self.where, self.record, self.detail = where, record, message
+        prefix = f"{where}: " if where else ""
+        what = f"record {record!r}: " if record else ""
+        super().__init__(f"{prefix}{what}{message}")
+
+
+@dataclasses.dataclass
+class InputRecord:
+    """One sequence to fold.
+
+    ``reference`` is a pair table (or None); ``source`` is ``file:line`` of the record's
+    first line (or ``argument k`` / ``<stdin>:line``).
+    """
+
+    id: str
+    sequence: str
+    reference: np.ndarray | None = None
+    source: str = ""
+
+
+@dataclasses.dataclass
+class FoldResult:
+    """The fold of one record. ``probs`` is a symmetric ``[n, n]`` matrix (or None)."""
+
+    record: InputRecord
+    structure: np.ndarray
+    score: float
+    log_z: float | None = None
+    probs: np.ndarray | None = None
+
+    @property
+    def dot_bracket(self) -> str:
+        return to_dot_bracket(self.structure)
+
+    @property
+    def probability(self) -> float | None:
+        """``p(structure | sequence) = exp(score - log Z)``."""
+        return None if self.log_z is None else math.exp(min(self.score - self.log_z, 0.0))
+
+
+# --------------------------------------------------------------------------- #
+# input
+# --------------------------------------------------------------------------- #
+
+
+class _Pending:
+    """A record being assembled from text lines."""
+
+    def __init__(self, rid, start, where_name, header):
+        self.id, self.start, self.name, self.header = rid, start, where_name, header
+        self.chunks: list[tuple[int, str]] = []  # (line, text)
+        self.structure: tuple[int, str] | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.name}:{self.start}"
+
+
+def _check_sequence(raw: str, *, where: str, record: str | None, line_of=None) -> str:
+    """Validates with :func:`layers.encode`; returns the normalised sequence.
+
+    ``line_of(pos)`` maps a 0-based position to ``file:line`` for wrapped FASTA.
+    """
+    if not raw:
+        raise InputError("empty sequence", where=where, record=record)
+    try:
+        layers.encode(raw)
+    except ValueError as err:
+        message = str(err)
+        match = re.search(r"at position (\d+)", message)
+        if match:
+            pos = int(match.group(1))
+            message = message.replace(match.group(0), f"at position {pos + 1} (1-based)")
+            if line_of is not None:
+                where = line_of(pos)
+        raise InputError(message, where=where, record=record) from None
+    return raw.upper().replace("T", "U")
+
+
+def _finish(p: _Pending, auto_id) -> InputRecord:
+    rid = p.id or auto_id()
+    seq_raw = "".join(text for _, text in p.chunks)
+
+    def line_of(pos):
+        for line, text in p.chunks:
+            if pos < len(text):
+                return f"{p.name}:{line}"
+            pos -= len(text)
+        return p.where
+
+    where = f"{p.name}:{p.chunks[0][0]}" if p.chunks else p.where
+    if not p.chunks:
+        raise InputError("no sequence after the header", where=p.where, record=rid)
+    seq = _check_sequence(seq_raw, where=where, record=rid, line_of=line_of)
+    reference = None
+    if p.structure is not None:
+        line, text = p.structure
+        if len(text) != len(seq):
+            raise InputError(f"structure has length {len(text)} but the sequence has {len(seq)}",
+                             where=f"{p.name}:{line}", record=rid)
+        try:
+            reference = from_dot_bracket(text, allow_pseudoknots=True)
+        except StructureError as err:
+            message = re.sub(r"at position (\d+)", lambda m: f"at position {int(m.group(1)) + 1} (1-based)",
+                             str(err))
+            raise InputError(f"bad structure: {message}", where=f"{p.name}:{line}", record=rid) from None
+    return InputRecord(rid, seq, reference, p.where)
+
+
+def _is_structure(word: str, current: _Pending) -> bool:
+    """A dot-bracket line: only ``.()[]{}<>``, or (pseudoknot letters ``Aa``..) brackets and
+    letters with exactly the length of the sequence read so far."""
+    if _STRUCTURE_LINE.match(word):
+        return True
+    return (_PSEUDOKNOT_LINE.match(word) is not None and any(c in word for c in ".()[]{}<>")
+            and len(word) == sum(len(text) for _, text in current.chunks))
+
+
+def parse_text(text: str, name: str, auto_id) -> list[InputRecord | InputError]:
+    """Parses FASTA-like / dot-bracket text (see the module docstring).
+
+    Returns records and :class:`InputError` items (one per bad record) in input order.
+    ``auto_id()`` gives the id of a record without a header.
+    """
+    out: list[InputRecord | InputError] = []
+    current: _Pending | None = None
+
+    def flush():
+        nonlocal current
+        if current is not None:
+            try:
+                out.append(_finish(current, auto_id))
+            except InputError as err:
+                out.append(err)
+        current = None
+
+    for line, raw in enumerate(text.splitlines(), start=1):
+        stripped = raw.strip()
+        if not stripped or stripped[0] in ";#":
+            continue
+        if stripped.startswith(">"):
+            flush()
+            words = stripped[1:].split()
+            current = _Pending(words[0] if words else None, line, name, header=True)
+            continue
+        first, *rest = stripped.split(None, 1)
+        if current is not None and current.chunks and current.structure is None and _is_structure(first, current):
+            if rest and not _SCORE_SUFFIX.match(rest[0].strip()):
+                current.structure = (line, stripped)  # reported as a bad structure
+            else:
+                current.structure = (line, first)
+            continue
+        if current is None or not current.header or current.structure is not None:
+            flush()
+            current = _Pending(None, line, name, header=False)
+        current.chunks.append((line, stripped))  # without headers: one sequence per line
+    flush()
+    return out
+
+
+def _read_structured(path: str, fmt: str) -> list[InputRecord | InputError]:
+    from data import formats
+
+    report = formats.LoadReport()
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError as err:
+        return [InputError(f"cannot read: {err.strerror}", where=path)]
+    records = formats.parse_records(text, fmt, name=path, strict=False, pseudoknots="keep", report=report)
+    # parse_records keeps the order of good records; bad ones are only in report.errors.
+    out: list[InputRecord | InputError] = [InputError(message) for message in report.errors]
+    for r in records:
+        try:
+            seq = _check_sequence(r.sequence, where=r.source, record=r.id)
+        except InputError as err:
+            out.append(err)
+            continue
+        out.append(InputRecord(r.id, seq, np.asarray(r.pair_table), r.source))
+    return out
+
+
+def read_inputs(sequences: Sequence[str] = (), input_path: str | None = None, stdin=None
+                ) -> list[InputRecord | InputError]:
+    """All records to fold, in order: positional arguments, then ``input_path``.
+
+    A positional argument naming an existing file is read as a file; any other is a
+    sequence. ``input_path`` ``"-"`` (or no input at all) reads ``stdin``.
+    """
+    counter = iter(range(1, 1 << 62))
+
+    def auto_id():
+        return f"seq{next(counter)}"
+
+    items: list[InputRecord | InputError] = []
+    for k, arg in enumerate(sequences, start=1):
+        if os.path.isfile(arg):
+            items.extend(_read_file(arg, auto_id))
+            continue
+        rid = auto_id()
+        try:
+            items.append(InputRecord(rid, _check_sequence(arg.strip(), where=f"argument {k}", record=rid),
+                                     source=f"argument {k}"))
+        except InputError as err:
+            items.append(err)
+    if input_path == "-" or (input_path is None and not sequences):
+        if stdin is None:
+            import sys
+
+            stdin = sys.stdin
+        items.extend(parse_text(stdin.read(), "<stdin>", auto_id))
+    elif input_path is not None:
+        items.extend(_read_file(input_path, auto_id))
+    return items
+
+
+def _read_file(path: str, auto_id) -> list[InputRecord | InputError]:
+    ext = os.path.splitext(path)[1].lower()
+    if ext in STRUCTURED_EXTENSIONS:
+        return _read_structured(path, STRUCTURED_EXTENSIONS[ext])
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError as err:
+        return [InputError(f"cannot read: {err.strerror}", where=path)]
+    return parse_text(text, path, auto_id)
+
+
+# --------------------------------------------------------------------------- #
+# parameters
+# --------------------------------------------------------------------------- #
+
+
+def load_params(path: str | None):
+    """Score parameters for folding.
+
+    ``None``: :func:`layers.default_params` (the documented built-in defaults). A
+    ``.npz`` file: arrays ``stack``, ``pair``, ``unpaired``, ``loop`` (as written by
+    ``foldax export-params``). A directory (a training workdir): its ``params.npz``
+    if there is one, else ``foldax export-params`` is run on it into a temporary file.
+    """
+    if path is None:
+        return layers.default_params()
+    if os.path.isdir(path):
+        candidate = os.path.join(path, "params.npz")
+        if os.path.isfile(candidate):
+            return load_params(candidate)
+        return _export_from_workdir(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--params {path}: no such file or directory")
+    try:
+        with np.load(path) as data:
+            arrays = {k: np.asarray(data[k]) for k in data.files}
+    except Exception as err:  # noqa: BLE001 - any unreadable file is a user error here
+        raise ValueError(f"--params {path}: not a readable .npz file ({err})") from None
+    missing = [k for k in PARAM_KEYS if k not in arrays]
+    if missing:
+        raise ValueError(f"--params {path}: missing arrays {missing} (found {sorted(arrays)}; expected "
+                         f"{list(PARAM_KEYS)})")
+    try:
+        return layers.check_params({k: arrays[k] for k in PARAM_KEYS})
+    except (ValueError, TypeError, KeyError) as err:
+        raise ValueError(f"--params {path}: {err}") from None
+
+
+def _export_from_workdir(workdir: str):
+    import tempfile
+
+    try:
+        from train import main as train_main
+    except ImportError as err:
+        raise ValueError(f"--params {workdir}: a directory without params.npz, and the training package "
+                         f"is not available to export one ({err})") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "params.npz")
+        rc = train_main.main(["export-params", "--workdir", workdir, "--output", out])
+        if rc not in (None, 0) or not os.path.isfile(out):
+            raise ValueError(f"--params {workdir}: no params.npz there and 'foldax export-params' failed "
+                             f"(exit code {rc})")
+        return load_params(out)
+
+
+# --------------------------------------------------------------------------- #
+# folding
+# --------------------------------------------------------------------------- #
+
+
+def _auto_batch(width: int, max_cells: int) -> int:
+    return max(1, min(DEFAULT_MAX_BATCH, max_cells // max(width * width, 1)))
+
+
+def _padded_size(n: int, limit: int) -> int:
+    return min(1 << (n - 1).bit_length(), limit) if n < limit else n
+
+
+def fold_records(params, records: Sequence[InputRecord], *, mea: bool = False, gamma: float = 1.0,
+                 partition: bool = False, probs: bool = False, min_hairpin: int = 3,
+                 batch_size: int | None = None, max_cells: int = DEFAULT_MAX_CELLS) -> list[FoldResult]:
+    """Folds ``records`` in length buckets; results in input order.
+
+    ``mea``: maximum expected accuracy structure (:func:`layers.decode.mea_structure`
+    with ``gamma``) instead of the best-scoring one. ``partition``: also log Z.
+    ``probs``: also keep each record's ``[n, n]`` pair probabilities (implied by ``mea``
+    to compute, kept only when asked). ``batch_size``: at most this many sequences per
+    batched call (default: as many as fit ``max_cells`` = B x L x L, at most 64).
+    """
+    from layers.decode import best_structure, mea_structure, pair_probs
+    from layers.structure import structure_score
+
+    params = layers.check_params(params)
+    groups: dict[int, list[int]] = defaultdict(list)
+    for k, r in enumerate(records):
+        groups[layers.bucket_length(len(r.sequence))].append(k)
+    results: list[FoldResult | None] = [None] * len(records)
+    need_probs = mea or probs
+    for width in sorted(groups):
+        members = groups[width]
+        limit = batch_size or _auto_batch(width, max_cells)
+        for start in range(0, len(members), limit):
+            chunk = members[start:start + limit]
+            seqs = [records[k].sequence for k in chunk]
+            seqs += [seqs[0]] * (_padded_size(len(chunk), limit) - len(chunk))
+            tokens, lengths = layers.encode_batch(seqs)
+            kw = dict(min_hairpin=min_hairpin)
+            bpp = np.asarray(pair_probs(params, tokens, lengths, **kw)) if need_probs else None
+            if mea:
+                tables = np.asarray(mea_structure(bpp, lengths, gamma=gamma, **kw))
+            else:
+                tables = np.asarray(best_structure(params, tokens, lengths, **kw))
+            tables = np.where(np.arange(tables.shape[1]) < lengths[:, None], tables, -1).astype(np.int32)
+            scores = np.asarray(structure_score(params, tokens, tables, lengths, **kw))
+            log_z = np.asarray(layers.log_partition(params, tokens, lengths, **kw)) if partition else None
+            for row, k in enumerate(chunk):
+                n = int(lengths[row])
+                p = None
+                if probs:
+                    upper = np.triu(bpp[row, :n, :n].astype(np.float64), 1)
+                    p = upper + upper.T
+                results[k] = FoldResult(
+                    records[k], tables[row, :n].copy(), float(scores[row]),
+                    None if log_z is None else float(log_z[row]), p,
+                )
+    return results  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- #
+# output
+# --------------------------------------------------------------------------- #
+
+
+def ensemble_string(probs: np.ndarray) -> str:
+    """RNAfold's pseudo-bracket summary of pair probabilities, one character a position.
+
+    ``.`` / ``(`` / ``)``: unpaired / paired upstream / downstream with probability > 2/3;
+    ``{`` ``}`` ``|``: mostly paired (up, down, either); ``,``: mostly unpaired; ``:`` else.
+    """
+    n = probs.shape[0]
+    up = np.triu(probs, 1).sum(axis=1)  # paired with a partner j > i
+    down = np.tril(probs, -1).sum(axis=1)  # paired with a partner j < i
+    chars = []
+    for i in range(n):
+        p_up, p_down = up[i], down[i]
+        p_un = max(0.0, 1.0 - p_up - p_down)
+        if p_un > 0.667:
+            chars.append(".")
+        elif p_up > 0.667:
+            chars.append("(")
+        elif p_down > 0.667:
+            chars.append(")")
+        elif p_up + p_down > p_un:
+            ratio = p_up / (p_up + p_down)
+            chars.append("{" if ratio > 0.667 else "}" if ratio < 0.333 else "|")
+        elif p_un > p_up + p_down:
+            chars.append(",")
+        else:
+            chars.append(":")
+    return "".join(chars)
+
+
+def ensemble_diversity(probs: np.ndarray) -> float:
+    """Mean base-pair distance of two structures drawn from the ensemble (as RNAfold)."""
+    upper = np.triu(probs, 1)
+    return float(2.0 * np.sum(upper * (1.0 - upper)))
+
+
+def bpp_lines(probs: np.ndarray, cutoff: float = 1e-5) -> str:
+    """``i j p`` lines (1-based, ``i < j``) for every pair with probability >= ``cutoff``."""
+    ii, jj = np.nonzero(np.triu(probs, 1) >= cutoff)
+    return "".join(f"{i + 1} {j + 1} {probs[i, j]:.6g}\n" for i, j in zip(ii.tolist(), jj.tolist()))
+
+
+def _record(result: FoldResult):
+    from data.formats import RnaRecord
+
+    return RnaRecord(result.record.id, result.record.sequence, result.structure, result.record.source)
+
+
+def format_result(result: FoldResult, fmt: str = "dbn", *, comments: bool = False) -> str:
+    """The text printed (and written) for one result in ``fmt`` (``dbn``, ``bpseq`` or ``ct``).
+
+    dbn: ``>id``, the sequence, ``structure (score)`` and, when log Z is known, the
+    RNAfold-style ensemble line ``pseudo-brackets [log Z]`` and a line with the
+    structure's probability in the ensemble and the ensemble diversity (with
+    ``comments=True``, as used for files, these two lines start with ``# `` so that
+    the text stays a valid .dbn file).
+    bpseq: ``# id`` then ``# score = S`` (and ``# log Z = ...``) comment lines, then
+    ``i base partner``. ct: header ``n  ENERGY = S  id`` then the table. The
+    structure part is written by :func:`data.formats.format_records` and reads back
+    with :func:`data.formats.parse_records`.
+    """
+    from data.formats import format_records
+
+    rec = _record(result)
+    score = f"{result.score:.2f}"
+    if fmt == "dbn":
+        text = f">{rec.id}\n{rec.sequence}\n{to_dot_bracket(result.structure)} ({result.score:6.2f})\n"
+        if result.log_z is not None:
+            mark = "# " if comments else ""
+            diversity = ""
+            if result.probs is not None:
+                text += f"{mark}{ensemble_string(result.probs)} [{result.log_z:6.2f}]\n"
+                diversity = f"; ensemble diversity {ensemble_diversity(result.probs):.2f}"
+            else:
+                text += f"{mark}log Z [{result.log_z:6.2f}]\n"
+            text += f"{mark} frequency of the structure in the ensemble {result.probability:.6g}{diversity}\n"
+        return text
+    if fmt == "bpseq":
+        body = format_records([rec], "bpseq")
+        head, rest = body.split("\n", 1)
+        extra = f"# score = {score}\n"
+        if result.log_z is not None:
+            extra += f"# log Z = {result.log_z:.4f}; frequency in the ensemble = {result.probability:.6g}\n"
+        return f"{head}\n{extra}{rest}"
+    if fmt == "ct":
+        body = format_records([rec], "ct")
+        head, rest = body.split("\n", 1)
+        n, rid = head.split("\t", 1)
+        extra = f"\tlogZ = {result.log_z:.4f}" if result.log_z is not None else ""
+        return f"{n}\tENERGY = {score}\t{rid}{extra}\n{rest}"
+    raise ValueError(f"unknown output format {fmt!r} (dbn, bpseq or ct)")
+
+
+def output_names(ids: Iterable[str]) -> list[str]:
+    """File-name stems for record ids: unsafe characters become ``_``; repeats get ``_2``, ``_3``..."""
+    seen: dict[str, int] = {}
+    out = []
+    for rid in ids:
+        stem = re.sub(r"[^A-Za-z0-9._+-]", "_", rid).lstrip(".") or "seq"
+        seen[stem] = seen.get(stem, 0) + 1
+        out.append(stem if seen[stem] == 1 else f"{stem}_{seen[stem]}")
+    return out
+
+
+def reference_pairs(record: InputRecord) -> list[tuple[int, int]]:
+    return [] if record.reference is None else pairs_from_table(record.reference)
