@@ -1,5 +1,8 @@
 """foldax layers: the RNA inside algorithm as a fast, exact, differentiable JAX core."""
 
+# Before layers.alphabet: importing the submodule layers.decode binds the package attribute
+# ``decode`` to it, and the alphabet's ``decode`` function must be the one that stays bound.
+from layers.decode import best_structure, mea_structure, pair_probs, sample_structures  # isort: skip
 from layers.alphabet import ALPHABET, DEFAULT_BUCKETS, PAD_TOKEN, bucket_length, decode, encode, encode_batch
 from layers.dotbracket import from_dot_bracket, to_dot_bracket
 from layers.inside import check_params, log_partition, max_score
@@ -28,6 +31,10 @@ __all__ = [
     "to_dot_bracket",
     "structure_score",
     "log_prob",
+    "pair_probs",
+    "best_structure",
+    "mea_structure",
+    "sample_structures",
 ]
 
 # Flax layers (layers/nnx_layer.py), imported on first use so that `import layers` stays free of Flax.

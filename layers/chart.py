@@ -188,14 +188,16 @@ def _outside(scores, charts, seeds, length, min_hairpin, semiring, num_chunks):
         g_z = _row(gZr, length - d, d, width)
         g_zn = _row(gZn, d + 1, 0, width) + g_z * w_zn
         g_p = jnp.where(cells.has_pair, _row(gF, d, 0, width) + g_z * w_p, 0)
-        # Split points: F[m, i] and Z[i+m+1][i+d] each receive the term's share.
-        share = g_zn[:, None] * semiring.weights(terms, zn, axis=1)
         # The pair's inner alternatives: stacked on P[i+1][j-1], or a loop over Zn[i+1][j-1].
         w_stack, w_loop = semiring.pair_weights(cells.stacked, cells.looped, cells.inner)
         g_stacked = jnp.where(cells.has_stack, g_p * w_stack, 0)
         g_looped = g_p * w_loop
-        # As in the inside pass: materialise, then update the adjoint charts in place.
-        share, g_p, g_stacked, g_looped = lax.optimization_barrier((share, g_p, g_stacked, g_looped))
+        # As in the inside pass: materialise the rows read from the adjoint charts before
+        # updating those charts in place. The split shares below read only the forward
+        # charts, so XLA may fuse them into the updates without copying a chart.
+        g_zn, g_p, g_stacked, g_looped = lax.optimization_barrier((g_zn, g_p, g_stacked, g_looped))
+        # Split points: F[m, i] and Z[i+m+1][i+d] each receive the term's share.
+        share = g_zn[:, None] * semiring.weights(terms, zn, axis=1)
         gF = _add_block(gF, share, 0, 0)
         gZr = _add_block(gZr, share, length - d + 1, d)
         gF = _add_block(gF, g_stacked[:, None], jnp.maximum(d - 2, 1), 1)

@@ -68,9 +68,11 @@ class MaxSemiring:
 
     def weights(self, x, total, axis=0):
         """One-hot of the first term that attains the maximum."""
-        first = jnp.argmax(x == jnp.expand_dims(total, axis), axis=axis)
         positions = jnp.arange(x.shape[axis]).reshape((-1,) + (1,) * (x.ndim - 1 - axis))
-        return (positions == jnp.expand_dims(first, axis)).astype(x.dtype)
+        # A min-reduction over the tied positions (XLA's argmax is a much slower variadic reduce).
+        tied = jnp.where(x == jnp.expand_dims(total, axis), positions, x.shape[axis])
+        first = jnp.min(tied, axis=axis, keepdims=True)
+        return (positions == first).astype(x.dtype)
 
     def pair_weights(self, a, b, total):
         del total

@@ -263,3 +263,14 @@ def test_bad_inputs_give_clear_errors():
         layers.log_partition(params, tokens, min_hairpin=-1)
     with pytest.raises(ValueError, match="phi must have shape"):
         layers.log_partition(params, layers.encode("ACGU"), phi=jnp.zeros((3, 3)))
+
+
+def test_mixed_lengths_inside_a_bucket_compile_once():
+    params = random_params(np.random.default_rng(1))
+    f = jax.jit(layers.log_partition)
+    for seqs in (["ACGUAGC", "GG"], ["GGGGAAACCCCAAA", "A", "ACGU"], ["UUUUU"] * 3):
+        tokens, lengths = layers.encode_batch(seqs, buckets=(16,))
+        tokens = np.pad(tokens, ((0, 3 - len(seqs)), (0, 0)), constant_values=4)
+        lengths = np.pad(lengths, (0, 3 - len(seqs)))
+        f(params, tokens, lengths)
+    assert f._cache_size() == 1

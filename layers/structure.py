@@ -1,0 +1,170 @@
+r"""Scores and probabilities of given structures.
+
+For a nested structure ``s`` on ``x`` (a set of pairs ``(i, j)``, ``i < j``)::
+
+    score(s) = SUM_{(i,j) in s} [ pair[x_i,x_j] + phi[i][j]
+                                  + ( stack[x_i,x_j,x_{j-1},x_{i+1}]  if (i+1, j-1) in s
+                                      else loop ) ]
+             + SUM_{i unpaired} unpaired[x_i]
+
+    log p(s | x) = score(s) - log Z(x)
+
+which is exactly the grammar of ``chart.py``: ``log_partition`` is the log-sum-exp
+of this score over all nested structures with ``j - i > min_hairpin``.
+
+Both functions are plain gathers and sums (O(L) per sequence), work under
+``jit``/``grad``/``vmap`` and are differentiable in ``params`` and ``phi``.
+
+Invalid structures. When the pair table and lengths are concrete (the usual
+case, also inside ``jax.grad`` w.r.t. params), a table that is not a valid nested
+structure of its sequence raises :class:`layers.dotbracket.StructureError` (a
+``ValueError``) naming the sequence and position. Under ``jit`` with a traced
+table no error can be raised: the result is ``-inf`` instead (the log of the
+probability 0 the model gives it), with finite, all-zero gradients.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from layers.alphabet import NUM_TOKENS
+from layers.chart import DEFAULT_NUM_CHUNKS
+from layers.dotbracket import StructureError, validate_pair_table
+from layers.inside import _batched_value, _check_inputs, _is_concrete, _result_dtype, check_params
+
+
+def _check_pair_table(pair_table, tokens_shape, lengths, min_hairpin, batched):
+    """Shape/dtype checks always; full validity (nested, symmetric, hairpins) if concrete."""
+    pair_table = jnp.asarray(pair_table) if not isinstance(pair_table, jax.Array) else pair_table
+    expected = tokens_shape if batched else tokens_shape[1:]
+    if pair_table.shape != tuple(expected):
+        raise ValueError(f"pair_table must have the shape of tokens {tuple(expected)}, got {pair_table.shape}")
+    if not jnp.issubdtype(pair_table.dtype, jnp.integer):
+        raise TypeError(f"pair_table must hold integers (partner index or -1), got dtype {pair_table.dtype}")
+    if not batched:
+        pair_table = pair_table[None]
+    if _is_concrete(pair_table) and _is_concrete(lengths):
+        tables, ns = np.asarray(pair_table), np.asarray(lengths)
+        for b, (table, n) in enumerate(zip(tables, ns)):
+            try:
+                validate_pair_table(table[:n], min_hairpin=min_hairpin, nested=True)
+            except StructureError as e:
+                where = f"sequence {b} (length {n}): " if batched else ""
+                raise StructureError(f"invalid pair table: {where}{e}", position=e.position, reason=e.reason) from e
+    return pair_table.astype(jnp.int32)
+
+
+def _validity(pt, lengths, min_hairpin):
+    """[B] bool: each (already length-masked) table is a valid nested structure.
+
+    Nesting in O(L): with ``c[k]`` the number of opening minus closing positions
+    before ``k``, a symmetric table is nested iff ``c[i] == c[j + 1]`` for every
+    pair. (Within a pair's span, pairs leaving to the right count +1 and to the
+    left -1; the crossing pair with the smallest opening position is crossed only
+    from the right, so some pair has a nonzero count whenever two pairs cross.)
+    """
+    batch, length = pt.shape
+    idx = jnp.arange(length)
+    active = idx < lengths[:, None]
+    partner = jnp.clip(pt, 0, max(length - 1, 0))
+    paired = pt != -1
+    in_range = (pt >= -1) & (pt < lengths[:, None])
+    symmetric = jnp.take_along_axis(pt, partner, axis=1) == idx
+    long_enough = jnp.abs(pt - idx) > min_hairpin
+    opens = paired & (pt > idx)
+    closes = paired & (pt < idx)
+    depth = jnp.concatenate(
+        [jnp.zeros((batch, 1), jnp.int32), jnp.cumsum(opens.astype(jnp.int32) - closes, axis=1)], axis=1
+    )
+    nested = ~opens | (depth[:, :length] == jnp.take_along_axis(depth, partner + 1, axis=1))
+    ok = in_range & (~paired | (symmetric & long_enough & nested))
+    return jnp.all(ok | ~active, axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=("min_hairpin",))
+def _batched_score(params, tokens, pair_table, lengths, phi, *, min_hairpin):
+    """(score [B], valid [B]) for batched inputs; score is finite even when invalid."""
+    dtype = _result_dtype(params)
+    batch, length = tokens.shape
+    idx = jnp.arange(length)
+    active = idx < lengths[:, None]
+    pt = jnp.where(active, pair_table, -1)  # entries past the length are ignored
+    valid = _validity(pt, lengths, min_hairpin)
+
+    x = jnp.clip(tokens, 0, NUM_TOKENS - 1)
+    j = jnp.clip(pt, 0, max(length - 1, 0))  # clipped gathers keep invalid tables finite
+    padded = jnp.concatenate([x, jnp.full((batch, 1), NUM_TOKENS - 1, x.dtype)], axis=1)
+    x_j = jnp.take_along_axis(x, j, axis=1)
+    x_jm1 = jnp.take_along_axis(x, jnp.maximum(j - 1, 0), axis=1)
+    x_ip1 = padded[:, 1:]
+    opens = pt > idx
+    pt_next = jnp.concatenate([pt[:, 1:], jnp.full((batch, 1), -1, pt.dtype)], axis=1)
+    stacked = opens & (pt_next == pt - 1) & (pt - 1 > idx + 1)
+
+    p = {k: params[k].astype(dtype) for k in ("stack", "pair", "unpaired", "loop")}
+    pair_term = p["pair"][x, x_j]
+    if phi is not None:
+        pair_term = pair_term + jnp.take_along_axis(phi.astype(dtype), j[:, :, None], axis=2)[..., 0]
+    inner = jnp.where(stacked, p["stack"][x, x_j, x_jm1, x_ip1], p["loop"])
+    score = jnp.sum(jnp.where(opens, pair_term + inner, 0), axis=1)
+    score = score + jnp.sum(jnp.where(pt == -1, p["unpaired"][x], 0) * active, axis=1)
+    return score, valid
+
+
+def _prepare(params, tokens, pair_table, lengths, phi, min_hairpin):
+    params = check_params(params)
+    tokens, lengths, phi, batched = _check_inputs(tokens, lengths, phi, min_hairpin)
+    pair_table = _check_pair_table(pair_table, tokens.shape, lengths, int(min_hairpin), batched)
+    return params, tokens, pair_table, lengths, phi, batched
+
+
+def structure_score(params, tokens, pair_table, lengths=None, *, phi=None, min_hairpin=3):
+    """``score(s)`` of the structure(s) ``pair_table`` (see the module docstring).
+
+    Args:
+      params, tokens, lengths, phi, min_hairpin: as for :func:`layers.log_partition`.
+      pair_table: int ``[n]`` or ``[B, L]``: partner index or -1 (see ``layers.dotbracket``);
+        entries at positions ``>= lengths[b]`` are ignored (pad with -1).
+
+    Returns:
+      a scalar (or ``[B]``) in the params' dtype; ``-inf`` for an invalid table under
+      ``jit`` (outside it, an invalid concrete table raises ``StructureError``).
+
+    Example:
+      >>> import layers
+      >>> from layers.dotbracket import from_dot_bracket
+      >>> params = layers.default_params()
+      >>> s = structure_score(params, layers.encode("GGGAAACCC"), from_dot_bracket("(((...)))"))
+      >>> float(s)  # 3 pairs at -1, two stacks (GC on GC: 3.0) and one loop closure (-3)
+      0.0
+    """
+    params, tokens, pair_table, lengths, phi, batched = _prepare(params, tokens, pair_table, lengths, phi, min_hairpin)
+    score, valid = _batched_score(params, tokens, pair_table, lengths, phi, min_hairpin=int(min_hairpin))
+    out = jnp.where(valid, score, -jnp.inf)
+    return out if batched else out[0]
+
+
+def log_prob(params, tokens, pair_table, lengths=None, *, phi=None, min_hairpin=3, num_chunks=DEFAULT_NUM_CHUNKS):
+    """``log p(s | x) = score(s) - log Z(x)``; same arguments as :func:`structure_score`.
+
+    ``-inf`` (with zero gradients) for an invalid table under ``jit``.
+
+    Example:
+      >>> import layers
+      >>> from layers.dotbracket import from_dot_bracket
+      >>> lp = log_prob(layers.default_params(), layers.encode("GGGAAACCC"), from_dot_bracket("(((...)))"))
+      >>> 0.0 < float(jnp.exp(lp)) < 1.0
+      True
+    """
+    params, tokens, pair_table, lengths, phi, batched = _prepare(params, tokens, pair_table, lengths, phi, min_hairpin)
+    score, valid = _batched_score(params, tokens, pair_table, lengths, phi, min_hairpin=int(min_hairpin))
+    log_z = _batched_value(
+        params, tokens, lengths, phi, min_hairpin=int(min_hairpin), semiring="log", num_chunks=num_chunks
+    )
+    # Select after subtracting, so an invalid table sends no gradient into log Z either.
+    out = jnp.where(valid, score - log_z, -jnp.inf)
+    return out if batched else out[0]
