@@ -1,0 +1,11 @@
+"""Training configs (``ml_collections``): each module has ``get_config()``.
+
+* :mod:`configs.default` -- the stacking model on ArchiveII, tRNA held out (the main run).
+* :mod:`configs.tiny` -- a smoke test: a few dozen steps on a small subset, under a minute.
+* :mod:`configs.synthetic` -- data sampled from known teacher parameters (recovery check).
+* :mod:`configs.neural` -- :class:`model.NeuralPhiModel` (a neural encoder writing phi).
+
+Use: ``python -m train.main train --config configs/default.py --workdir runs/x
+[--config.field=value ...]``; ``--config.data.train_files=a.dbn,b/*.ct`` (and
+``valid_files``, ``eval_files``) switch to your own data.
+"""

@@ -1,0 +1,32 @@
+"""foldax models: scoring models on the inside layer, the CLL loss, decoding and metrics.
+
+* :mod:`model.models` -- :class:`StackingModel`, :class:`NeuralPhiModel`
+  (a neural encoder writing pair potentials ``phi``), :class:`LinenNeuralPhiModel`,
+  :func:`create_model`.
+* :mod:`model.loss` -- :func:`cll_loss` (negative log-likelihood per nucleotide, + L2).
+* :mod:`model.decoding` -- :func:`predict` (MEA / best structure) and the evaluation sums.
+* :mod:`model.metrics` -- per-sequence base-pair precision / recall / F1 (exact and +-1 slip).
+"""
+
+from model.decoding import DECODERS, eval_sums, finalize, predict
+from model.loss import batch_nll, cll_loss, l2_penalty
+from model.metrics import METRIC_NAMES, pair_matrix, pair_metrics
+from model.models import LinenNeuralPhiModel, NeuralPhiModel, PairEncoder, StackingModel, create_model
+
+__all__ = [
+    "DECODERS",
+    "eval_sums",
+    "finalize",
+    "predict",
+    "batch_nll",
+    "cll_loss",
+    "l2_penalty",
+    "METRIC_NAMES",
+    "pair_matrix",
+    "pair_metrics",
+    "LinenNeuralPhiModel",
+    "NeuralPhiModel",
+    "PairEncoder",
+    "StackingModel",
+    "create_model",
+]

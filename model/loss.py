@@ -1,0 +1,78 @@
+r"""The conditional log-likelihood (CLL) loss.
+
+For a batch of sequences ``x_b`` with reference structures ``s_b`` (pair tables
+``[B, L]``, -1 padded) and row weights ``w_b`` (0 for padding rows)::
+
+    nll_b = log Z(x_b) - score(x_b, s_b)            (= -log p(s_b | x_b) >= 0)
+    loss  = SUM_b w_b nll_b / SUM_b w_b n_b  +  l2 * SUM_params ||theta||^2
+
+**Normalisation: per nucleotide.** The data term is the negative
+log-likelihood per nucleotide over the batch's real tokens (``n_b`` =
+``lengths[b]``), so long sequences weigh in proportion to their length, and
+the loss value is comparable across batches, buckets and datasets
+(``-loss`` without L2 is the log-likelihood per nucleotide, the ``ll_per_nt``
+metric). With the batch sharded over devices (``jax.sharding``) the sums are
+global, so the loss of a global batch is the same on 1 or 8 devices.
+
+The L2 term covers every ``nnx.Param`` of the model (score tensors and, for
+the neural model, the encoder).
+
+A reference structure the model gives probability 0 -- not nested, or with a
+hairpin shorter than ``min_hairpin`` -- has score ``-inf`` under ``jit``, so
+the loss is ``inf``; ``aux["n_invalid"]`` counts such rows (the trainer stops
+with a message naming the cause; clean the data, e.g.
+``data.short_hairpins = "remove"``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from layers.inside import log_partition
+from layers.structure import structure_score
+
+__all__ = ["batch_nll", "cll_loss", "l2_penalty"]
+
+
+def batch_nll(model, batch):
+    """Per-sequence ``(log Z [B], score [B])`` of a batch dict (``tokens lengths pair_table``)."""
+    tokens, lengths = batch["tokens"], batch["lengths"]
+    params, phi = model.scores(tokens, lengths)
+    inside = model.inside
+    log_z = log_partition(params, tokens, lengths, phi=phi, min_hairpin=inside.min_hairpin,
+                          num_chunks=inside.num_chunks)
+    score = structure_score(params, tokens, batch["pair_table"], lengths, phi=phi, min_hairpin=inside.min_hairpin)
+    return log_z, score
+
+
+def l2_penalty(model) -> jax.Array:
+    """``SUM ||theta||^2`` over every ``nnx.Param`` of ``model``."""
+    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+    return sum(jnp.sum(jnp.square(x)) for x in leaves)
+
+
+def cll_loss(model, batch, l2: float = 0.0):
+    """``(loss, aux)``: the CLL loss per nucleotide (module docstring) and its parts.
+
+    ``aux``: ``nll_sum`` (sum of ``w_b nll_b``), ``n_tokens`` (sum of ``w_b n_b``),
+    ``n_seqs`` (sum of ``w_b``), ``n_invalid`` (real rows with score ``-inf``),
+    ``data_loss`` (the loss without L2).
+    """
+    weights = batch["weights"].astype(jnp.float32)
+    log_z, score = batch_nll(model, batch)
+    real = weights > 0
+    nll = jnp.where(real, log_z - score, 0.0)  # padding rows (length 0) contribute nothing
+    nll_sum = jnp.sum(weights * nll)
+    n_tokens = jnp.sum(weights * batch["lengths"].astype(jnp.float32))
+    data_loss = nll_sum / jnp.maximum(n_tokens, 1.0)
+    loss = data_loss + (l2 * l2_penalty(model) if l2 else 0.0)
+    aux = {
+        "nll_sum": nll_sum,
+        "n_tokens": n_tokens,
+        "n_seqs": jnp.sum(weights),
+        "n_invalid": jnp.sum(real & ~jnp.isfinite(score)),
+        "data_loss": data_loss,
+    }
+    return loss, aux

@@ -1,0 +1,76 @@
+"""Base-pair accuracy of predicted structures, per sequence (jit-able, batched).
+
+For one sequence with predicted pairs ``P`` and reference pairs ``T``:
+
+* ``precision = |P ∩ T| / |P|`` (the PPV), ``recall = |P ∩ T| / |T|`` (the
+  sensitivity), ``f1 = 2 precision recall / (precision + recall)``;
+* with ``slip=True`` (the +-1 allowance of Mathews' scorer, e.g. Mathews 2019,
+  *RNA* 25:1048): a predicted pair (i, j) is correct if any of (i, j),
+  (i +- 1, j), (i, j +- 1) is a reference pair, and a reference pair is found if
+  any of its shifts is predicted; precision and recall count those;
+* conventions: an empty prediction has precision 1, an empty reference has
+  recall 1; f1 is 0 when precision + recall is 0 -- so f1 is 1 when both are
+  empty and 0 when exactly one is.
+
+Scores are averaged *per sequence* (every sequence weighs the same, whatever its
+length), as usual in the literature. Inputs are pair tables ``[B, L]``
+(partner or -1; entries at or past ``lengths`` are ignored).
+
+>>> import numpy as np
+>>> true = np.array([[8, 7, 6, -1, -1, -1, 2, 1, 0]])
+>>> pred = np.array([[7, 6, -1, -1, -1, -1, 1, 0, -1]])   # the stem shifted by one
+>>> m = pair_metrics(pred, true, np.array([9]))
+>>> float(m["f1"][0]), float(m["f1_slip"][0])
+(0.0, 1.0)
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+__all__ = ["pair_matrix", "pair_metrics", "METRIC_NAMES"]
+
+METRIC_NAMES = ("precision", "recall", "f1", "precision_slip", "recall_slip", "f1_slip")
+
+
+def pair_matrix(pair_table, lengths=None):
+    """``[B, L, L]`` bool: ``M[b, i, j]`` for each pair ``i < j`` of ``pair_table[b]`` (within the length)."""
+    pair_table = jnp.asarray(pair_table)
+    batch, length = pair_table.shape
+    idx = jnp.arange(length)
+    if lengths is None:
+        lengths = jnp.full((batch,), length)
+    valid = (idx < jnp.asarray(lengths)[:, None]) & (pair_table > idx) & (pair_table < jnp.asarray(lengths)[:, None])
+    return valid[:, :, None] & (pair_table[:, :, None] == idx[None, None, :])
+
+
+def _dilate(m):
+    """m | m shifted by +-1 in i | m shifted by +-1 in j (zero fill)."""
+    pad = jnp.pad(m, ((0, 0), (1, 1), (1, 1)))
+    n = m.shape[1]
+    out = m
+    for di, dj in ((0, 1), (2, 1), (1, 0), (1, 2)):
+        out = out | pad[:, di : di + n, dj : dj + n]
+    return out
+
+
+def _prf(tp_pred, tp_true, n_pred, n_true):
+    precision = jnp.where(n_pred > 0, tp_pred / jnp.maximum(n_pred, 1), 1.0)
+    recall = jnp.where(n_true > 0, tp_true / jnp.maximum(n_true, 1), 1.0)
+    total = precision + recall
+    f1 = jnp.where(total > 0, 2 * precision * recall / jnp.where(total > 0, total, 1.0), 0.0)
+    return precision, recall, f1
+
+
+def pair_metrics(pred_table, true_table, lengths=None) -> dict:
+    """Per-sequence ``precision recall f1`` and their ``*_slip`` forms, each float32 ``[B]``."""
+    pred = pair_matrix(pred_table, lengths)
+    true = pair_matrix(true_table, lengths)
+    n_pred = pred.sum((1, 2)).astype(jnp.float32)
+    n_true = true.sum((1, 2)).astype(jnp.float32)
+    exact = (pred & true).sum((1, 2)).astype(jnp.float32)
+    p, r, f = _prf(exact, exact, n_pred, n_true)
+    tp_pred = (pred & _dilate(true)).sum((1, 2)).astype(jnp.float32)
+    tp_true = (true & _dilate(pred)).sum((1, 2)).astype(jnp.float32)
+    ps, rs, fs = _prf(tp_pred, tp_true, n_pred, n_true)
+    return {"precision": p, "recall": r, "f1": f, "precision_slip": ps, "recall_slip": rs, "f1_slip": fs}

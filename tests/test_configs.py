@@ -1,0 +1,62 @@
+"""Every config loads and has what the trainer reads; command-line overrides parse."""
+
+from pathlib import Path
+
+import ml_collections
+import pytest
+
+from train.main import _split_overrides, apply_overrides, load_config_file
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.py") if p.name != "__init__.py")
+
+
+def test_all_configs_present():
+    assert {"default.py", "tiny.py", "synthetic.py", "neural.py"} <= set(CONFIGS)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_config_loads(name):
+    config = load_config_file(str(ROOT / "configs" / name))
+    assert isinstance(config, ml_collections.ConfigDict)
+    for field in ("seed", "batch_size", "eval_batch_size", "num_train_steps", "log_every", "eval_every",
+                  "checkpoint_every", "keep_checkpoints", "decoders", "gamma", "best_metric"):
+        assert field in config, f"{name}: no config.{field}"
+    assert config.model.name in ("stacking", "neural")
+    assert config.data.source in ("archiveii", "files", "synthetic")
+    for field in ("train_files", "valid_files", "eval_files", "buckets", "max_length", "short_hairpins"):
+        assert field in config.data, f"{name}: no config.data.{field}"
+    assert list(config.data.buckets) == sorted(config.data.buckets)
+    assert config.data.max_length <= max(config.data.buckets)
+    assert config.optimizer.name in ("adam", "adamw", "sgd")
+    assert set(config.decoders) <= {"mea", "best"}
+    metric = config.best_metric
+    assert metric in ("", "ll_per_nt") or metric.split("/")[0] in config.decoders
+    config.to_json_best_effort()  # saved as config.json by the trainer
+
+
+def test_overrides():
+    config = load_config_file(str(ROOT / "configs" / "default.py"))
+    rest, overrides = _split_overrides(
+        ["train", "--config.batch_size=32", "--config.optimizer.learning_rate", "0.5", "--workdir", "w",
+         "--config.data.buckets=(32, 64)", "--config.progress_bar=false", "--config.data.train_files=a.dbn,b/*.ct"]
+    )
+    assert rest == ["train", "--workdir", "w"]
+    apply_overrides(config, overrides)
+    assert config.batch_size == 32 and config.optimizer.learning_rate == 0.5
+    assert tuple(config.data.buckets) == (32, 64) and config.progress_bar is False
+    assert config.data.train_files == "a.dbn,b/*.ct"
+    with pytest.raises(KeyError, match="no field"):
+        apply_overrides(config, [("nope", "1")])
+    with pytest.raises(ValueError):
+        apply_overrides(config, [("batch_size", "many")])
+
+
+def test_config_file_with_argument(tmp_path):
+    path = tmp_path / "c.py"
+    path.write_text("import ml_collections\n"
+                    "def get_config(arg='x'):\n    return ml_collections.ConfigDict({'arg': arg})\n")
+    assert load_config_file(str(path)).arg == "x"
+    assert load_config_file(f"{path}:hello").arg == "hello"
+    with pytest.raises(FileNotFoundError):
+        load_config_file(str(tmp_path / "missing.py"))

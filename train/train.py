@@ -1,0 +1,656 @@
+"""Training and evaluation of foldax models (in the style of the Flax examples).
+
+:func:`train_and_evaluate` ``(config, workdir)`` trains the model of
+``config.model`` on ``config.data`` (see :mod:`train.datasets`) with the CLL
+loss (:mod:`model.loss`: negative log-likelihood per nucleotide), evaluates on
+the validation split every ``eval_every`` steps and, at the end, the best
+checkpoint on the test split. :func:`evaluate_checkpoint` and
+:func:`export_params` serve ``main eval`` / ``main export-params``.
+
+Parallelism. One ``jax.sharding.Mesh`` over all devices of all processes with
+one axis ``data``; every batch is sharded over it, the parameters and the
+optimizer state are replicated, and ``jax.jit`` (GSPMD) inserts the gradient
+all-reduce -- no ``pmap``. Each process reads only its own rows of the global
+batch (:class:`train.input_pipeline.InputPipeline` with ``shard_index =
+jax.process_index()``) and :func:`jax.make_array_from_process_local_data`
+assembles the global array. The loss is a global per-nucleotide mean, so one
+step gives the same result (up to float reassociation) on 1 device, 8 devices
+or several processes. ``batch_size`` is the *global* batch size and must be a
+multiple of the device count.
+
+Checkpoints (Orbax ``CheckpointManager`` in ``<workdir>/checkpoints``): model
+parameters, optimizer state and the input pipeline's iterator state, saved
+asynchronously every ``checkpoint_every`` steps, at the end, and on SIGTERM.
+Kept: the latest ``keep_checkpoints`` and the best one by ``best_metric`` on the
+validation split (``preservation_policy``: ``LatestN`` or ``BestN``). Orbax writes
+each checkpoint into a temporary directory and renames it when complete, so an
+interrupted write is never restored. Re-running with the same workdir resumes
+from the latest checkpoint exactly (same batches, same parameters: bit-identical
+to an uninterrupted run).
+
+Outputs in ``workdir``: ``config.json``, ``checkpoints/``, TensorBoard event
+files (``tensorboardX``, if installed), ``metrics.jsonl`` (every logged scalar),
+and ``summary.json`` (test metrics of the best checkpoint, steps, wall time).
+
+A non-finite loss or gradient stops training with :class:`TrainingDiverged`;
+that step's update is not applied (the step function keeps the old state) and
+no checkpoint is written after it, so the last good checkpoint stays the
+latest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from model.decoding import eval_sums, finalize
+from model.loss import cll_loss
+from model.models import create_model
+from train.datasets import load_splits
+from train.input_pipeline import InputPipeline, PipelineConfig
+
+__all__ = [
+    "TrainingDiverged",
+    "train_and_evaluate",
+    "evaluate_checkpoint",
+    "export_params",
+    "load_config",
+    "make_mesh",
+    "create_optimizer",
+    "create_state",
+    "make_train_step",
+]
+
+log = logging.getLogger("foldax.train")
+
+BATCH_KEYS = ("tokens", "lengths", "pair_table", "weights")
+PARAM_NAMES = ("stack", "pair", "unpaired", "loop")
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient became NaN/inf; the last good checkpoint is kept."""
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def setup_jax(config) -> None:
+    """Persistent compilation cache (``config.compilation_cache_dir``; '' disables it)."""
+    cache = config.get("compilation_cache_dir", "")
+    if cache:
+        cache = os.path.expanduser(cache)
+        os.makedirs(cache, exist_ok=True)
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def make_mesh() -> jax.sharding.Mesh:
+    """A 1-axis mesh ``('data',)`` over every device of every process."""
+    return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def check_batch_size(global_batch: int, what: str = "batch_size") -> int:
+    """The per-process batch; the global one must split evenly over devices (and processes)."""
+    n_dev = jax.device_count()
+    if global_batch < 1 or global_batch % n_dev:
+        raise ValueError(
+            f"config.{what} = {global_batch} must be a positive multiple of the number of devices ({n_dev}): "
+            f"each device gets an equal share of the global batch; use e.g. {max(1, global_batch // n_dev) * n_dev}"
+        )
+    return global_batch // jax.process_count()
+
+
+def replicate(tree, mesh):
+    """Places host values (identical on every process) replicated over the mesh."""
+    sharding = NamedSharding(mesh, P())
+
+    def put(x):
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+    return jax.tree.map(put, tree)
+
+
+def to_global_batch(batch: Mapping[str, np.ndarray], mesh) -> dict:
+    """This process's rows -> global arrays sharded over ``data``."""
+    sharding = NamedSharding(mesh, P("data"))
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(batch[k])) for k in BATCH_KEYS}
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+    """The config a run saved in ``<workdir>/config.json``."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found: is {workdir} a training workdir?")
+    with open(path) as fh:
+        return ml_collections.ConfigDict(json.load(fh))
+
+
+def _save_config(config, workdir):
+    if jax.process_index() == 0:
+        with open(os.path.join(workdir, "config.json"), "w") as fh:
+            fh.write(config.to_json_best_effort(indent=2, sort_keys=True))
+
+
+# ------------------------------------------------------------------- model & state
+
+
+def create_optimizer(config, num_steps: int):
+    """``(tx, schedule)`` from ``config.optimizer``: optax chain of gradient clipping and the optimizer."""
+    opt = config.optimizer
+    lr = float(opt.learning_rate)
+    warmup = int(opt.get("warmup_steps", 0))
+    kind = opt.get("schedule", "cosine")
+    if kind == "constant":
+        schedule = optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), optax.constant_schedule(lr)],
+                                        [warmup]) if warmup else optax.constant_schedule(lr)
+    elif kind == "cosine":
+        schedule = optax.warmup_cosine_decay_schedule(0.0 if warmup else lr, lr, warmup, max(num_steps, warmup + 1),
+                                                      end_value=lr * float(opt.get("end_lr_factor", 0.05)))
+    else:
+        raise ValueError(f"unknown optimizer.schedule {kind!r}; 'cosine' or 'constant'")
+    name = opt.get("name", "adam")
+    if name == "adam":
+        tx = optax.adam(schedule, b1=float(opt.get("b1", 0.9)), b2=float(opt.get("b2", 0.999)))
+    elif name == "adamw":
+        tx = optax.adamw(schedule, b1=float(opt.get("b1", 0.9)), b2=float(opt.get("b2", 0.999)),
+                         weight_decay=float(opt.get("weight_decay", 1e-4)))
+    elif name == "sgd":
+        tx = optax.sgd(schedule, momentum=float(opt.get("momentum", 0.9)) or None)
+    else:
+        raise ValueError(f"unknown optimizer.name {name!r}; 'adam', 'adamw' or 'sgd'")
+    clip = float(opt.get("grad_clip", 0.0))
+    if clip > 0:
+        tx = optax.chain(optax.clip_by_global_norm(clip), tx)
+    return tx, schedule
+
+
+def create_state(config, num_steps: int):
+    """``(graphdef, state, schedule)``: the model and its ``nnx.Optimizer``, split (host values)."""
+    model = create_model(config.model, nnx.Rngs(params=int(config.seed)))
+    tx, schedule = create_optimizer(config, num_steps)
+    optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    graphdef, state = nnx.split((model, optimizer))
+    return graphdef, state, schedule
+
+
+def _to_ckpt(state) -> dict:
+    pure = nnx.to_pure_dict(state)
+    return {"model": pure[0], "optimizer": pure[1]}
+
+
+def _from_ckpt(state, ckpt: Mapping):
+    state = jax.tree.map(lambda x: x, state)  # a copy to fill in
+    nnx.replace_by_pure_dict(state, {0: ckpt["model"], 1: ckpt["optimizer"]})
+    return state
+
+
+def _abstract(tree, mesh):
+    sharding = NamedSharding(mesh, P())
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x), sharding=sharding), tree)
+
+
+# -------------------------------------------------------------------------- steps
+
+
+def make_train_step(graphdef, config, schedule, mesh):
+    """The jitted step ``(state, batch) -> (state, metrics)``.
+
+    A non-finite loss or gradient norm leaves the state unchanged (``metrics``
+    still report it, and the trainer stops).
+    """
+    l2 = float(config.optimizer.get("l2", 0.0))
+    replicated = NamedSharding(mesh, P())
+
+    def step(state, batch):
+        model, optimizer = nnx.merge(graphdef, state)
+        count = optimizer.step[...]
+
+        def loss_fn(model):
+            return cll_loss(model, batch, l2)
+
+        (loss, aux), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+        optimizer.update(model, grads)
+        new_state = nnx.state((model, optimizer))
+        grad_norm = optax.global_norm(grads)
+        ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        new_state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, state)
+        metrics = {
+            "loss": loss,
+            "nll_per_nt": aux["data_loss"],
+            "grad_norm": grad_norm,
+            "learning_rate": schedule(count),
+            "n_invalid": aux["n_invalid"],
+            "n_tokens": aux["n_tokens"],
+        }
+        return new_state, metrics
+
+    return jax.jit(step, donate_argnums=0, out_shardings=replicated)
+
+
+def make_eval_step(graphdef, config):
+    decoders = tuple(config.get("decoders", ("mea", "best")))
+    gamma = float(config.get("gamma", 1.0))
+
+    def step(state, batch):
+        model = nnx.merge(graphdef, state)
+        if isinstance(model, tuple):  # (model, optimizer) of a training state
+            model = model[0]
+        return eval_sums(model, batch, decoders=decoders, gamma=gamma)
+
+    return jax.jit(step)
+
+
+def evaluate(eval_step, state, pipeline: InputPipeline, mesh) -> dict:
+    """Metrics (means) of ``state`` over one pass of ``pipeline``."""
+    totals = None
+    for batch in pipeline:
+        sums = eval_step(state, to_global_batch(batch, mesh))
+        totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+    return finalize(jax.device_get(totals))
+
+
+# --------------------------------------------------------------------- checkpoints
+
+
+def make_checkpoint_manager(workdir: str, config, *, read_only: bool = False):
+    import orbax.checkpoint as ocp
+    from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
+
+    best_metric = config.get("best_metric", "mea/f1")
+    policies = [pp.LatestN(n=int(config.get("keep_checkpoints", 3)))]
+    if best_metric:
+        policies.append(pp.BestN(get_metric_fn=lambda m: m[best_metric], reverse=False, n=1,
+                                 keep_checkpoints_without_metrics=False))
+    options = ocp.CheckpointManagerOptions(
+        preservation_policy=pp.AnyPreservationPolicy(policies),
+        best_fn=(lambda m: m[best_metric]) if best_metric else None,
+        best_mode="max",
+        enable_async_checkpointing=bool(config.get("async_checkpointing", True)),
+        create=not read_only,
+        read_only=read_only,
+        cleanup_tmp_directories=not read_only,
+    )
+    return ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "checkpoints")), options=options,
+                                 item_names=("state", "data"))
+
+
+def _save(manager, step, state, data_iter, metrics=None, force=False):
+    import grain
+    import orbax.checkpoint as ocp
+
+    args = {"state": ocp.args.StandardSave(_to_ckpt(state))}
+    if data_iter is not None:
+        args["data"] = grain.checkpoint.CheckpointSave(data_iter)
+    return manager.save(step, args=ocp.args.Composite(**args), metrics=metrics, force=force)
+
+
+def _restore(manager, step, state, mesh, data_iter=None):
+    """The state saved at ``step`` (and ``data_iter`` set to its position, if given)."""
+    import grain
+    import orbax.checkpoint as ocp
+
+    abstract = _abstract(_to_ckpt(state), mesh)
+    args = {"state": ocp.args.StandardRestore(abstract)}
+    if data_iter is not None:
+        args["data"] = grain.checkpoint.CheckpointRestore(data_iter)
+    restored = manager.restore(step, args=ocp.args.Composite(**args))
+    return _from_ckpt(state, restored["state"])
+
+
+# ------------------------------------------------------------------------- logging
+
+
+class MetricWriter:
+    """Scalars to TensorBoard (tensorboardX, when installed) and ``metrics.jsonl``; process 0 only."""
+
+    def __init__(self, workdir: str, enabled: bool = True):
+        self.enabled = enabled
+        self._tb = None
+        self._jsonl = None
+        if not enabled:
+            return
+        self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")
+        try:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(logdir=workdir, flush_secs=10)
+        except ImportError:  # pragma: no cover - optional dependency
+            log.warning("tensorboardX is not installed: metrics go to metrics.jsonl only")
+
+    def write(self, step: int, scalars: Mapping[str, float]) -> None:
+        if not self.enabled:
+            return
+        scalars = {k: float(v) for k, v in scalars.items()}
+        self._jsonl.write(json.dumps({"step": int(step), **scalars}) + "\n")
+        self._jsonl.flush()
+        if self._tb is not None:
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, int(step))
+
+    def close(self) -> None:
+        if self._jsonl:
+            self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _say(message: str) -> None:
+    if jax.process_index() == 0:
+        from tqdm import tqdm
+
+        tqdm.write(message, file=sys.stdout)
+        sys.stdout.flush()
+
+
+class _Preemption:
+    """SIGTERM -> a flag the training loop checks after every step (then it saves and exits)."""
+
+    def __init__(self):
+        self.flag = False
+        self._previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handler)
+        return self
+
+    def _handler(self, signum, frame):
+        self.flag = True
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+    def requested(self) -> bool:
+        if jax.process_count() == 1:
+            return self.flag
+        from jax.experimental import multihost_utils
+
+        return bool(np.any(multihost_utils.process_allgather(np.array([self.flag]))))
+
+
+# ----------------------------------------------------------------------- pipelines
+
+
+def _pipeline_config(config, *, batch_size: int, train: bool, seed: int) -> PipelineConfig:
+    buckets = tuple(int(b) for b in config.data.buckets)
+    max_length = int(config.data.get("max_length", 0)) or buckets[-1]
+    if not train:
+        eval_buckets = config.data.get("eval_buckets", None)
+        buckets = tuple(int(b) for b in eval_buckets) if eval_buckets else buckets
+        max_length = buckets[-1]
+    return PipelineConfig(
+        batch_size=batch_size, buckets=buckets, seed=seed, shuffle=train, num_epochs=None if train else 1,
+        drop_remainder=train, max_length=min(max_length, buckets[-1]), overlong="drop",
+        num_threads=int(config.data.get("num_threads", 2)), prefetch=int(config.data.get("prefetch", 4)),
+    )
+
+
+def _pipelines(config, splits, names):
+    train_batch = check_batch_size(int(config.batch_size), "batch_size")
+    eval_batch = check_batch_size(int(config.get("eval_batch_size", config.batch_size)), "eval_batch_size")
+    out = {}
+    for name in names:
+        train = name == "train"
+        cfg = _pipeline_config(config, batch_size=train_batch if train else eval_batch, train=train,
+                               seed=int(config.seed))
+        out[name] = InputPipeline(splits[name], cfg)
+        dropped = out[name].stats["n_dropped_overlong"]
+        if dropped:
+            log.warning("%s: %d examples longer than the largest bucket %d dropped", name, dropped, cfg.buckets[-1])
+    return out
+
+
+# ------------------------------------------------------------------------ training
+
+
+def _num_steps(config, train_pipe: InputPipeline) -> int:
+    steps = int(config.get("num_train_steps", 0))
+    if steps <= 0:
+        steps = int(config.get("num_epochs", 1)) * train_pipe.steps_per_epoch
+    return steps
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    """Trains (resuming from ``workdir`` if it has checkpoints), evaluates, writes ``summary.json``.
+
+    Returns the summary dict (``status``: ``"finished"`` or ``"preempted"`` after
+    SIGTERM). Raises :class:`TrainingDiverged` on a NaN/inf loss.
+    """
+    t_start = time.time()
+    workdir = os.path.abspath(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    setup_jax(config)
+    mesh = make_mesh()
+    is_main = jax.process_index() == 0
+    _say(f"foldax train: {jax.process_count()} process(es), {jax.device_count()} device(s) "
+         f"({jax.devices()[0].platform}), workdir {workdir}")
+
+    _check_config(config)
+    min_hairpin = int(config.model.get("min_hairpin", 3))
+    splits = load_splits(config.data, min_hairpin=min_hairpin, seed=int(config.seed))
+    _say("data: " + ", ".join(f"{k} {len(v)}" for k, v in splits.items()))
+    pipes = _pipelines(config, splits, ("train", "valid", "test"))
+    num_steps = _num_steps(config, pipes["train"])
+    _save_config(config, workdir)
+
+    graphdef, host_state, schedule = create_state(config, num_steps)
+    n_params = sum(int(np.size(x)) for x in jax.tree.leaves(nnx.to_pure_dict(host_state)[0]))
+    manager = make_checkpoint_manager(workdir, config)
+    train_iter = iter(pipes["train"])
+    start_step = manager.latest_step() or 0
+
+    with jax.set_mesh(mesh):
+        state = replicate(host_state, mesh)
+        if start_step:
+            state = _restore(manager, start_step, state, mesh, train_iter)
+            _say(f"resumed from the checkpoint at step {start_step}")
+        train_step = make_train_step(graphdef, config, schedule, mesh)
+        eval_step = make_eval_step(graphdef, config)
+        writer = MetricWriter(workdir, enabled=is_main)
+        try:
+            status = _train_loop(config, workdir, mesh, manager, state, train_step, eval_step, train_iter, pipes,
+                                 start_step, num_steps, writer, schedule)
+            state, status, train_info = status
+            summary = {"status": status, "steps": train_info["step"], "num_train_steps": num_steps,
+                       "num_params": n_params, "devices": jax.device_count(), "processes": jax.process_count(),
+                       "train_steps_per_s": train_info["steps_per_s"], "train_wall_s": train_info["train_wall_s"],
+                       "resumed_from_step": start_step, **{f"data/{k}": len(v) for k, v in splits.items()}}
+            if status == "finished":
+                manager.wait_until_finished()
+                best = manager.best_step() if config.get("best_metric", "mea/f1") else None
+                eval_state = state
+                if best is not None and best != train_info["step"]:
+                    eval_state = _restore(manager, best, state, mesh)
+                summary["best_step"] = best if best is not None else train_info["step"]
+                best_valid = train_info["valid"].get(best) or (manager.metrics(best) if best is not None else None)
+                if best_valid:
+                    summary.update({f"valid/{k}": v for k, v in best_valid.items()})
+                t = time.time()
+                test = evaluate(eval_step, eval_state, pipes["test"], mesh)
+                summary.update({f"test/{k}": v for k, v in test.items()})
+                summary["test_eval_s"] = time.time() - t
+                writer.write(train_info["step"], {f"test/{k}": v for k, v in test.items()})
+                _say("test: " + _fmt(test))
+                if config.data.get("source") == "synthetic" and not config.data.get("train_files"):
+                    teacher = _evaluate_teacher(config, pipes["test"], mesh)
+                    summary.update({f"teacher/test/{k}": v for k, v in teacher.items()})
+                    _say("teacher on test: " + _fmt(teacher))
+        finally:
+            manager.wait_until_finished()
+            manager.close()
+            writer.close()
+            train_iter.close()
+    summary["wall_time_s"] = time.time() - t_start
+    if is_main:
+        with open(os.path.join(workdir, "summary.json"), "w") as fh:
+            json.dump(summary, fh, indent=2, sort_keys=True)
+    return summary
+
+
+def _evaluate_teacher(config, pipeline, mesh) -> dict:
+    """Test metrics of the synthetic data's teacher parameters (the ceiling a model can reach)."""
+    from model.models import StackingModel
+    from train.datasets import teacher_params
+
+    syn = config.data.synthetic
+    params = teacher_params(syn.teacher, scale=float(syn.get("teacher_scale", 1.0)), seed=int(syn.seed))
+    teacher = StackingModel(params=params, min_hairpin=int(config.model.get("min_hairpin", 3)),
+                            num_chunks=config.model.get("num_chunks", 4) or None)
+    graphdef, state = nnx.split(teacher)
+    return evaluate(make_eval_step(graphdef, config), replicate(state, mesh), pipeline, mesh)
+
+
+def _check_config(config) -> None:
+    decoders = tuple(config.get("decoders", ("mea", "best")))
+    bad = [d for d in decoders if d not in ("mea", "best")]
+    if bad:
+        raise ValueError(f"config.decoders: unknown {bad}; use 'mea' and/or 'best'")
+    metric = config.get("best_metric", "mea/f1")
+    if metric and metric != "ll_per_nt":
+        decoder, _, name = metric.partition("/")
+        from model.metrics import METRIC_NAMES
+
+        if decoder not in decoders or name not in METRIC_NAMES:
+            raise ValueError(f"config.best_metric {metric!r} is not computed: use 'll_per_nt' or "
+                             f"'<decoder>/<metric>' with a decoder in {decoders} and a metric in {METRIC_NAMES}")
+
+
+def _fmt(metrics: Mapping) -> str:
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+
+
+def _train_loop(config, workdir, mesh, manager, state, train_step, eval_step, train_iter, pipes, start_step,
+                num_steps, writer, schedule):
+    from tqdm import tqdm
+
+    is_main = jax.process_index() == 0
+    log_every = int(config.get("log_every", 10))
+    eval_every = int(config.get("eval_every", 100))
+    ckpt_every = int(config.get("checkpoint_every", eval_every))
+    bar = tqdm(total=num_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
+               disable=not (is_main and config.get("progress_bar", True)), file=sys.stderr)
+    step = start_step
+    t_loop, steps_done, window, t_window = time.time(), 0, [], time.time()
+    valid_history = {}
+    t_other = 0.0  # time spent in validation and checkpointing (not in steps/s)
+    status = "finished"
+    with _Preemption() as preemption:
+        while step < num_steps:
+            batch = to_global_batch(next(train_iter), mesh)
+            state, metrics = train_step(state, batch)
+            metrics = jax.device_get(metrics)
+            step += 1
+            steps_done += 1
+            if not (np.isfinite(metrics["loss"]) and np.isfinite(metrics["grad_norm"])):
+                manager.wait_until_finished()
+                bar.close()
+                latest = manager.latest_step()
+                cause = (f"; {int(metrics['n_invalid'])} reference structure(s) in the batch have probability 0 "
+                         f"under the model (not nested or a hairpin shorter than min_hairpin) -- clean the data "
+                         f"(config.data.short_hairpins)") if metrics["n_invalid"] else \
+                    "; try a lower optimizer.learning_rate or gradient clipping (optimizer.grad_clip)"
+                raise TrainingDiverged(
+                    f"training stopped: non-finite loss {metrics['loss']} / gradient norm {metrics['grad_norm']} at "
+                    f"step {step}{cause}. The update was not applied; the last good checkpoint "
+                    f"({'step ' + str(latest) if latest is not None else 'none yet'}) is kept in "
+                    f"{os.path.join(workdir, 'checkpoints')}.")
+            window.append(metrics)
+            bar.update(1)
+            if step % log_every == 0 or step == num_steps:
+                elapsed = time.time() - t_window
+                scalars = {f"train/{k}": float(np.mean([m[k] for m in window])) for k in
+                           ("loss", "nll_per_nt", "grad_norm", "learning_rate")}
+                scalars["train/steps_per_s"] = len(window) / max(elapsed, 1e-9)
+                writer.write(step, scalars)
+                if bar.disable:
+                    _say(f"step {step}: " + _fmt({k.split('/', 1)[1]: v for k, v in scalars.items()}))
+                else:
+                    bar.set_postfix(loss=f"{scalars['train/loss']:.4f}", steps_s=f"{scalars['train/steps_per_s']:.2f}")
+                window, t_window = [], time.time()
+            valid = None
+            t_pause = time.time()
+            if step % eval_every == 0 or step == num_steps:
+                valid = evaluate(eval_step, state, pipes["valid"], mesh)
+                valid_history[step] = valid
+                writer.write(step, {f"valid/{k}": v for k, v in valid.items()})
+                _say(f"step {step} valid: " + _fmt(valid))
+            if valid is not None or step % ckpt_every == 0 or step == num_steps:
+                _save(manager, step, state, train_iter, metrics=valid, force=True)
+            t_other += time.time() - t_pause
+            if valid is not None:
+                t_window += time.time() - t_pause  # keep validation out of the logged steps/s
+            if preemption.requested():
+                if manager.latest_step() != step:
+                    _save(manager, step, state, train_iter, force=True)
+                manager.wait_until_finished()
+                status = "preempted"
+                _say(f"SIGTERM: saved the checkpoint at step {step} and stopped")
+                break
+    bar.close()
+    wall = time.time() - t_loop
+    return state, status, {"step": step, "steps_per_s": steps_done / max(wall - t_other, 1e-9),
+                           "train_wall_s": wall, "valid": valid_history}
+
+
+# --------------------------------------------------------------- eval & export
+
+
+def _restore_for_inference(workdir: str, which: str = "best", config=None):
+    config = config or load_config(workdir)
+    setup_jax(config)
+    mesh = make_mesh()
+    manager = make_checkpoint_manager(workdir, config, read_only=True)
+    step = manager.best_step() if which == "best" else manager.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"no checkpoint in {os.path.join(workdir, 'checkpoints')}")
+    graphdef, host_state, _ = create_state(config, 1)
+    with jax.set_mesh(mesh):
+        state = _restore(manager, step, replicate(host_state, mesh), mesh)
+    return config, mesh, manager, graphdef, state, step
+
+
+def evaluate_checkpoint(workdir: str, *, split: str = "test", which: str = "best", config=None) -> dict:
+    """Metrics of the ``which`` (``best``/``latest``) checkpoint of ``workdir`` on ``split``."""
+    config, mesh, manager, graphdef, state, step = _restore_for_inference(workdir, which, config)
+    splits = load_splits(config.data, min_hairpin=int(config.model.get("min_hairpin", 3)), seed=int(config.seed),
+                         splits=(split,))
+    pipe = _pipelines(config, splits, (split,))[split]
+    with jax.set_mesh(mesh):
+        metrics = evaluate(make_eval_step(graphdef, config), state, pipe, mesh)
+    manager.close()
+    return {"step": step, "split": split, **metrics}
+
+
+def export_params(workdir: str, out: str, *, which: str = "best") -> str:
+    """Writes the ``which`` checkpoint's score tensors (float32 ``stack pair unpaired loop``) to ``out`` (.npz)."""
+    config, mesh, manager, graphdef, state, step = _restore_for_inference(workdir, which)
+    inside = nnx.to_pure_dict(state)[0]["inside"]
+    arrays = {k: np.asarray(jax.device_get(inside[k]), dtype=np.float32) for k in PARAM_NAMES}
+    manager.close()
+    if config.model.get("name", "stacking") != "stacking":
+        log.warning("model %s: only the score tensors are exported; its phi network is not",
+                    config.model.get("name"))
+    if jax.process_index() == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        np.savez(out, **arrays)
+    return out
