@@ -33,7 +33,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import layers  # noqa: E402
 from benchmarks.naive_scan import naive_log_partition  # noqa: E402
-from layers.decode import best_structure, pair_probs  # noqa: E402
+from layers.decoding import best_structure, pair_probs  # noqa: E402
 
 MB = 2**20
 

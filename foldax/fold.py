@@ -1,9 +1,9 @@
 """``foldax fold``: reading inputs, batched folding, and RNAfold-style output.
 
 The folding itself is done by :mod:`layers` (no dynamic programming here):
-:func:`layers.decode.best_structure` / :func:`layers.decode.mea_structure` for the
+:func:`layers.decoding.best_structure` / :func:`layers.decoding.mea_structure` for the
 structure, :func:`layers.structure.structure_score` for its score,
-:func:`layers.log_partition` for log Z and :func:`layers.decode.pair_probs` for the
+:func:`layers.log_partition` for log Z and :func:`layers.decoding.pair_probs` for the
 base-pair probabilities. Records are grouped by their padded length
 (:func:`layers.bucket_length`, :data:`layers.DEFAULT_BUCKETS`) and each group is folded
 with one batched call per function (split into several calls only when a group is
@@ -356,13 +356,13 @@ def fold_records(params, records: Sequence[InputRecord], *, mea: bool = False, g
                  batch_size: int | None = None, max_cells: int = DEFAULT_MAX_CELLS) -> list[FoldResult]:
     """Folds ``records`` in length buckets; results in input order.
 
-    ``mea``: maximum expected accuracy structure (:func:`layers.decode.mea_structure`
+    ``mea``: maximum expected accuracy structure (:func:`layers.decoding.mea_structure`
     with ``gamma``) instead of the best-scoring one. ``partition``: also log Z.
     ``probs``: also keep each record's ``[n, n]`` pair probabilities (implied by ``mea``
     to compute, kept only when asked). ``batch_size``: at most this many sequences per
     batched call (default: as many as fit ``max_cells`` = B x L x L, at most 64).
     """
-    from layers.decode import best_structure, mea_structure, pair_probs
+    from layers.decoding import best_structure, mea_structure, pair_probs
     from layers.structure import structure_score
 
     params = layers.check_params(params)

@@ -1,9 +1,7 @@
 """foldax layers: the RNA inside algorithm as a fast, exact, differentiable JAX core."""
 
-# Before layers.alphabet: importing the submodule layers.decode binds the package attribute
-# ``decode`` to it, and the alphabet's ``decode`` function must be the one that stays bound.
-from layers.decode import best_structure, mea_structure, pair_probs, sample_structures  # isort: skip
 from layers.alphabet import ALPHABET, DEFAULT_BUCKETS, PAD_TOKEN, bucket_length, decode, encode, encode_batch
+from layers.decoding import best_structure, mea_structure, pair_probs, sample_structures
 from layers.dotbracket import from_dot_bracket, to_dot_bracket
 from layers.inside import check_params, log_partition, max_score
 from layers.params import default_params, init_params

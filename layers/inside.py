@@ -179,7 +179,7 @@ def log_partition(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_
       phi: optional extra pair potentials ``[n, n]`` or ``[B, L, L]`` (entry ``[i, j]``, ``i < j``).
       min_hairpin: static ``h >= 0``; a pair (i, j) needs ``j - i > h``.
       num_chunks: static; how many static-shape pieces the diagonal loop is split into
-        (default ``min(12, L // 32)``: more chunks waste less work but compile longer).
+        (default ``min(16, L // 32)``: more chunks waste less work but compile longer).
 
     Returns:
       a scalar (or ``[B]``): ``Z[0][n-1]``, 0 for an empty sequence. Differentiable with

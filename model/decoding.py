@@ -1,13 +1,13 @@
 """Decoding a model's structures and scoring them against references (evaluation).
 
-Two decoders, both from :mod:`layers.decode`:
+Two decoders, both from :mod:`layers.decoding`:
 
 * ``"mea"`` -- the maximum expected accuracy structure of the base-pair
-  probabilities ``P = d log Z / d phi`` (:func:`layers.decode.pair_probs`,
-  :func:`layers.decode.mea_structure`: maximises ``SUM_pairs 2 gamma P_ij +
+  probabilities ``P = d log Z / d phi`` (:func:`layers.decoding.pair_probs`,
+  :func:`layers.decoding.mea_structure`: maximises ``SUM_pairs 2 gamma P_ij +
   SUM_unpaired q_i``; larger ``gamma`` -> more pairs);
 * ``"best"`` -- the highest-scoring structure (max semiring traceback,
-  :func:`layers.decode.best_structure`).
+  :func:`layers.decoding.best_structure`).
 
 :func:`eval_sums` gives the *sums* over a batch of the per-sequence metrics
 (:mod:`model.metrics`) and the log-likelihood, weighted by the row weights
@@ -30,7 +30,7 @@ DECODERS = ("mea", "best")
 
 def predict(model, tokens, lengths, *, decoder: str = "mea", gamma: float = 1.0):
     """Predicted pair tables ``[B, L]`` (-1 padded) of ``model`` for a batch."""
-    from layers.decode import best_structure, mea_structure, pair_probs  # the decoders live in the engine
+    from layers.decoding import best_structure, mea_structure, pair_probs  # the decoders live in the engine
 
     params, phi = model.scores(tokens, lengths)
     kw = dict(min_hairpin=model.inside.min_hairpin, num_chunks=model.inside.num_chunks)

@@ -250,7 +250,7 @@ def test_create_model(name, tmp_path):
 
 
 def test_predict_and_eval_sums():
-    from layers.decode import best_structure, mea_structure, pair_probs
+    from layers.decoding import best_structure, mea_structure, pair_probs
     from model import predict
 
     model = StackingModel(params="default", num_chunks=CHUNKS)

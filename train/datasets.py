@@ -70,14 +70,14 @@ def teacher_params(spec: str, *, scale: float = 1.0, seed: int = 0):
 def synthetic_examples(params, num: int, lengths: Sequence[int], *, seed: int, min_hairpin: int = 3,
                        prefix: str = "synthetic", batch_size: int = 256, num_chunks: int = 4) -> list[dict]:
     """``num`` random ACGU sequences (lengths cycling through ``lengths``), each with one
-    structure sampled from ``params`` (:func:`layers.decode.sample_structures`, batched per length)."""
+    structure sampled from ``params`` (:func:`layers.decoding.sample_structures`, batched per length)."""
     import jax
 
     from data.examples import make_example
     from data.formats import RnaRecord
     from data.synthetic import random_sequences
     from layers.alphabet import encode
-    from layers.decode import sample_structures
+    from layers.decoding import sample_structures
     from layers.dotbracket import validate_pair_table
 
     lengths = [int(lengths[i % len(lengths)]) for i in range(num)]

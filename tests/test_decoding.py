@@ -1,4 +1,4 @@
-"""Tests for layers.decode and the gradients of log_partition, against brute-force enumeration.
+"""Tests for layers.decoding and the gradients of log_partition, against brute-force enumeration.
 
 Every engine compile costs seconds (one per shape, dtype, min_hairpin and function), so
 each test packs its cases into one padded batch of a fixed shape. Most pass
@@ -16,7 +16,7 @@ from jax.flatten_util import ravel_pytree
 from jax.scipy.special import gammaincc
 
 import layers
-from layers.decode import best_structure, mea_structure, pair_probs, sample_structures
+from layers.decoding import best_structure, mea_structure, pair_probs, sample_structures
 from layers.dotbracket import pairs_from_table, table_from_pairs, validate_pair_table
 from layers.reference import (
     brute_force_log_partition,
