@@ -19,6 +19,14 @@ import numpy as np
 NEG_INF = -math.inf
 
 
+def random_params(rng, scale=1.0, dtype=np.float64):
+    """Gaussian score tensors ``N(0, scale^2)`` from a numpy ``Generator`` (for tests)."""
+    import jax.numpy as jnp
+
+    shapes = {"stack": (5, 5, 5, 5), "pair": (5, 5), "unpaired": (5,), "loop": ()}
+    return {k: jnp.asarray(scale * rng.normal(size=s), dtype) for k, s in shapes.items()}
+
+
 def _as_numpy_params(params):
     return {k: np.asarray(params[k], dtype=np.float64) for k in ("stack", "pair", "unpaired", "loop")}
 
@@ -142,6 +150,7 @@ def count_structures(n: int, min_hairpin: int = 3) -> int:
 
 
 __all__ = [
+    "random_params",
     "reference_charts",
     "reference_log_partition",
     "enumerate_structures",

@@ -22,6 +22,7 @@ from layers.reference import (
     brute_force_log_partition,
     brute_force_pair_probs,
     enumerate_structures,
+    random_params,
     structure_score_reference,
 )
 from layers.structure import log_prob, structure_score
@@ -34,11 +35,6 @@ NC = 3  # num_chunks for the brute-force matrix: several chunks even at L = 12
 def x64():
     with jax.enable_x64(True):
         yield
-
-
-def random_params(rng, scale=1.0, dtype=np.float64):
-    shapes = {"stack": (5, 5, 5, 5), "pair": (5, 5), "unpaired": (5,), "loop": ()}
-    return {k: jnp.asarray(scale * rng.normal(size=s), dtype) for k, s in shapes.items()}
 
 
 def random_batch(rng, lengths, length=L, phi_scale=1.0):

@@ -7,18 +7,9 @@ import pytest
 
 import layers
 from layers.chart import diagonal_chunks
-from layers.reference import brute_force_log_partition, reference_log_partition
+from layers.reference import brute_force_log_partition, random_params, reference_log_partition
 
 SEMIRINGS = {"log": layers.log_partition, "max": layers.max_score}
-
-
-def random_params(rng, scale=1.0, dtype=np.float64):
-    return {
-        "stack": jnp.asarray(scale * rng.normal(size=(5, 5, 5, 5)), dtype),
-        "pair": jnp.asarray(scale * rng.normal(size=(5, 5)), dtype),
-        "unpaired": jnp.asarray(scale * rng.normal(size=5), dtype),
-        "loop": jnp.asarray(scale * rng.normal(), dtype),
-    }
 
 
 def rel_err(a, b):

@@ -7,7 +7,7 @@ import pytest
 
 import layers
 from layers.dotbracket import StructureError, from_dot_bracket, pairs_from_table, table_from_pairs, validate_pair_table
-from layers.reference import enumerate_structures, reference_log_partition, structure_score_reference
+from layers.reference import enumerate_structures, random_params, reference_log_partition, structure_score_reference
 from layers.structure import log_prob, structure_score
 
 
@@ -15,11 +15,6 @@ from layers.structure import log_prob, structure_score
 def x64():
     with jax.enable_x64(True):
         yield
-
-
-def random_params(rng, scale=1.0, dtype=np.float64):
-    shapes = {"stack": (5, 5, 5, 5), "pair": (5, 5), "unpaired": (5,), "loop": ()}
-    return {k: jnp.asarray(scale * rng.normal(size=s), dtype) for k, s in shapes.items()}
 
 
 @pytest.mark.parametrize("h", [0, 1, 3])
