@@ -1,6 +1,19 @@
 #!/usr/bin/env bash
-# Sets up .venv (scripts/setup.sh) and runs the main job on built-in defaults.
+# The main job on built-in defaults: sets up .venv (scripts/setup.sh), trains configs/default.py on
+# ArchiveII with the tRNA family held out (resuming the run if the workdir has one), then prints the
+# held-out F1 next to RNAfold's (ViennaRNA, installed here if the registry allows; else skipped).
+# Without ../shared/data/archiveii (or $FOLDAX_ARCHIVEII) it folds built-in sequences instead.
+# Usage: bash scripts/demo.sh [--config.FIELD=VALUE ...]   (passed to foldax train; workdir:
+# $FOLDAX_WORKDIR, default runs/default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m layers.demo "$@"
+.venv/bin/python -c "import RNA" 2>/dev/null || .venv/bin/python -m pip install -q "viennarna>=2.6" \
+  || echo "(ViennaRNA not installed: RNAfold comparison skipped)"
+workdir="${FOLDAX_WORKDIR:-runs/default}"
+if [ -d ../shared/data/archiveii ] || [ -n "${FOLDAX_ARCHIVEII:-}" ]; then
+  .venv/bin/foldax train --config configs/default.py --workdir "$workdir" "$@"
+  exec .venv/bin/python -m train.compare --workdir "$workdir"
+fi
+echo "ArchiveII not found (../shared/data/archiveii or \$FOLDAX_ARCHIVEII): folding built-in sequences instead"
+exec .venv/bin/python -m layers.demo
