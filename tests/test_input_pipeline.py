@@ -279,7 +279,6 @@ def test_random_sequences():
         random_sequences(jax.random.key(0), [5], base_probs=[0.5, 0.5])
 
 
-@pytest.mark.skipif(not hasattr(layers, "sample_structures"), reason="layers.sample_structures not written yet")
 def test_synthetic_records_through_pipeline():
     import jax
 
