@@ -29,7 +29,15 @@ import numpy as np
 from jax import lax
 
 from layers.chart import DEFAULT_NUM_CHUNKS
-from layers.inside import _batched_value, _check_inputs, _result_dtype, cell_scores, check_params, inside_charts
+from layers.inside import (
+    _batched_value,
+    _check_inputs,
+    _result_dtype,
+    batch_sharded,
+    cell_scores,
+    check_params,
+    inside_charts,
+)
 
 
 def _phi_gradient(params, tokens, lengths, phi, min_hairpin, semiring, num_chunks):
@@ -70,7 +78,8 @@ def pair_probs(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chu
     """
     params = check_params(params)
     tokens, lengths, phi, batched = _check_inputs(tokens, lengths, phi, min_hairpin)
-    out = _pair_probs(params, tokens, lengths, phi, min_hairpin=int(min_hairpin), num_chunks=num_chunks)
+    run = functools.partial(_pair_probs, min_hairpin=int(min_hairpin), num_chunks=num_chunks)
+    out = batch_sharded(run, tokens)(params, tokens, lengths, phi)
     return out if batched else out[0]
 
 
@@ -106,7 +115,8 @@ def best_structure(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num
     """
     params = check_params(params)
     tokens, lengths, phi, batched = _check_inputs(tokens, lengths, phi, min_hairpin)
-    out = _best_structure(params, tokens, lengths, phi, min_hairpin=int(min_hairpin), num_chunks=num_chunks)
+    run = functools.partial(_best_structure, min_hairpin=int(min_hairpin), num_chunks=num_chunks)
+    out = batch_sharded(run, tokens)(params, tokens, lengths, phi)
     return out if batched else out[0]
 
 
@@ -150,7 +160,8 @@ def mea_structure(pair_probs, lengths=None, *, gamma=1.0, min_hairpin=3, num_chu
     _, lengths, _, batched = _check_inputs(tokens, lengths, None, min_hairpin)
     probs = probs if batched else probs[None]
     gamma = jnp.asarray(gamma, probs.dtype)
-    out = _mea_structure(probs, lengths, gamma, min_hairpin=int(min_hairpin), num_chunks=num_chunks)
+    run = functools.partial(_mea_structure, min_hairpin=int(min_hairpin), num_chunks=num_chunks)
+    out = batch_sharded(run, probs)(probs, lengths, gamma)
     return out if batched else out[0]
 
 
@@ -265,6 +276,6 @@ def sample_structures(key, params, tokens, num_samples, lengths=None, *, phi=Non
     tokens, lengths, phi, batched = _check_inputs(tokens, lengths, phi, min_hairpin)
     if tokens.shape[1] == 0:
         return jnp.zeros((tokens.shape[0], num_samples, 0) if batched else (num_samples, 0), jnp.int32)
-    out = _sample(key, params, tokens, lengths, phi, num_samples=int(num_samples), min_hairpin=int(min_hairpin),
-                  num_chunks=num_chunks)
+    run = functools.partial(_sample, num_samples=int(num_samples), min_hairpin=int(min_hairpin), num_chunks=num_chunks)
+    out = batch_sharded(run, tokens)(key, params, tokens, lengths, phi)
     return out if batched else out[0]

@@ -152,18 +152,27 @@ def _explicit_batch_spec(tokens):
     return jax.typeof(tokens).sharding.spec[0]
 
 
+def batch_sharded(fn, tokens, num_outputs=1):
+    """``fn`` ready to run on ``tokens``'s batch, whatever the mesh.
+
+    The engine's gathers and slices are written for automatic sharding. When ``tokens``
+    is sharded over an *explicit* mesh (``jax.make_mesh`` + ``jax.set_mesh``), ``fn`` runs
+    in auto mode and hands back outputs sharded along their leading (batch) axis.
+    """
+    batch_spec = _explicit_batch_spec(tokens)
+    if batch_spec is None:
+        return fn
+    spec = jax.sharding.PartitionSpec(batch_spec)
+    return jax.sharding.auto_axes(fn, out_sharding=spec if num_outputs == 1 else (spec,) * num_outputs)
+
+
 def _value(params, tokens, lengths, phi, min_hairpin, semiring, num_chunks):
     params = check_params(params)
     tokens, lengths, phi, batched = _check_inputs(tokens, lengths, phi, min_hairpin)
     run = functools.partial(
         _batched_value, min_hairpin=int(min_hairpin), semiring=semiring, num_chunks=num_chunks
     )
-    batch_spec = _explicit_batch_spec(tokens)
-    if batch_spec is not None:
-        # The engine's gathers and slices are written for automatic sharding; under an
-        # explicit mesh, run it in auto mode and hand back a batch-sharded result.
-        run = jax.sharding.auto_axes(run, out_sharding=jax.sharding.PartitionSpec(batch_spec))
-    out = run(params, tokens, lengths, phi)
+    out = batch_sharded(run, tokens)(params, tokens, lengths, phi)
     return out if batched else out[0]
 
 

@@ -34,7 +34,7 @@ import numpy as np
 from layers.alphabet import NUM_TOKENS
 from layers.chart import DEFAULT_NUM_CHUNKS
 from layers.dotbracket import StructureError, validate_pair_table
-from layers.inside import _batched_value, _check_inputs, _is_concrete, _result_dtype, check_params
+from layers.inside import _batched_value, _check_inputs, _is_concrete, _result_dtype, batch_sharded, check_params
 
 
 def _check_pair_table(pair_table, tokens_shape, lengths, min_hairpin, batched):
@@ -122,6 +122,11 @@ def _prepare(params, tokens, pair_table, lengths, phi, min_hairpin):
     return params, tokens, pair_table, lengths, phi, batched
 
 
+def _score(params, tokens, pair_table, lengths, phi, min_hairpin):
+    run = functools.partial(_batched_score, min_hairpin=int(min_hairpin))
+    return batch_sharded(run, tokens, num_outputs=2)(params, tokens, pair_table, lengths, phi)
+
+
 def structure_score(params, tokens, pair_table, lengths=None, *, phi=None, min_hairpin=3):
     """``score(s)`` of the structure(s) ``pair_table`` (see the module docstring).
 
@@ -143,7 +148,7 @@ def structure_score(params, tokens, pair_table, lengths=None, *, phi=None, min_h
       0.0
     """
     params, tokens, pair_table, lengths, phi, batched = _prepare(params, tokens, pair_table, lengths, phi, min_hairpin)
-    score, valid = _batched_score(params, tokens, pair_table, lengths, phi, min_hairpin=int(min_hairpin))
+    score, valid = _score(params, tokens, pair_table, lengths, phi, min_hairpin)
     out = jnp.where(valid, score, -jnp.inf)
     return out if batched else out[0]
 
@@ -161,10 +166,9 @@ def log_prob(params, tokens, pair_table, lengths=None, *, phi=None, min_hairpin=
       True
     """
     params, tokens, pair_table, lengths, phi, batched = _prepare(params, tokens, pair_table, lengths, phi, min_hairpin)
-    score, valid = _batched_score(params, tokens, pair_table, lengths, phi, min_hairpin=int(min_hairpin))
-    log_z = _batched_value(
-        params, tokens, lengths, phi, min_hairpin=int(min_hairpin), semiring="log", num_chunks=num_chunks
-    )
+    score, valid = _score(params, tokens, pair_table, lengths, phi, min_hairpin)
+    run = functools.partial(_batched_value, min_hairpin=int(min_hairpin), semiring="log", num_chunks=num_chunks)
+    log_z = batch_sharded(run, tokens)(params, tokens, lengths, phi)
     # Select after subtracting, so an invalid table sends no gradient into log Z either.
     out = jnp.where(valid, score - log_z, -jnp.inf)
     return out if batched else out[0]

@@ -1,4 +1,4 @@
-"""The engine under data parallelism: batch sharded over 2 CPU devices (auto and explicit meshes)."""
+"""The engine and decoders under data parallelism: batch sharded over 2 CPU devices (auto and explicit meshes)."""
 
 import os
 import subprocess
@@ -17,16 +17,30 @@ SCRIPT = textwrap.dedent(
     lengths = jnp.asarray([40, 31, 0, 9], jnp.int32)
     loss = lambda p, x, n: layers.log_partition(p, x, n).sum()
     ref, ref_grad = layers.log_partition(params, tokens, lengths), jax.grad(loss)(params, tokens, lengths)
+    ref_probs = layers.pair_probs(params, tokens, lengths)
+    ref_best = layers.best_structure(params, tokens, lengths)
+    ref_mea = layers.mea_structure(ref_probs, lengths)
+    ref_log_p = layers.log_prob(params, tokens, ref_best, lengths)
     for axis_type in (AxisType.Auto, AxisType.Explicit):
         mesh = jax.make_mesh((2,), ("data",), axis_types=(axis_type,))
         with jax.set_mesh(mesh):
             x, n = jax.device_put(tokens, P("data")), jax.device_put(lengths, P("data"))
             out = jax.jit(layers.log_partition)(params, x, n)
             grad = jax.jit(jax.grad(loss))(params, x, n)
+            probs = layers.pair_probs(params, x, n)
+            best = layers.best_structure(params, x, n)
+            mea = layers.mea_structure(probs, n)
+            log_p = layers.log_prob(params, x, best, n)
+            samples = layers.sample_structures(jax.random.key(0), params, x, 3, n)
         assert len(out.sharding.device_set) == 2, out.sharding
         np.testing.assert_allclose(out, ref, rtol=1e-6)
         for k in ref_grad:
             np.testing.assert_allclose(grad[k], ref_grad[k], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(probs, ref_probs, atol=1e-6)
+        np.testing.assert_array_equal(best, ref_best)
+        np.testing.assert_array_equal(mea, ref_mea)
+        np.testing.assert_allclose(log_p, ref_log_p, rtol=1e-5, atol=1e-5)
+        assert samples.shape == (4, 3, 40)
     print("OK")
     """
 )
