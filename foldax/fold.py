@@ -325,16 +325,19 @@ def _export_from_workdir(workdir: str):
     import tempfile
 
     try:
-        from train import main as train_main
+        from train import train as trainer
     except ImportError as err:
         raise ValueError(f"--params {workdir}: a directory without params.npz, and the training package "
                          f"is not available to export one ({err})") from None
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "params.npz")
-        rc = train_main.main(["export-params", "--workdir", workdir, "--output", out])
-        if rc not in (None, 0) or not os.path.isfile(out):
-            raise ValueError(f"--params {workdir}: no params.npz there and 'foldax export-params' failed "
-                             f"(exit code {rc})")
+        # The library call, not the `export-params` command: that one prints the path on stdout,
+        # which would end up among the folded structures.
+        try:
+            trainer.export_params(workdir, out)
+        except Exception as err:  # noqa: BLE001 - any failure to restore is reported the same way
+            raise ValueError(f"--params {workdir}: no params.npz there, and exporting the best checkpoint "
+                             f"failed: {err}") from None
         return load_params(out)
 
 

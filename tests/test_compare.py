@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from train import compare
@@ -81,3 +82,18 @@ def test_no_checkpoint_is_a_clear_error(run, tmp_path, capsys):
     assert compare.main(["--workdir", str(empty)]) == 1
     err = capsys.readouterr().err
     assert "no checkpoint" in err and "train a model first" in err
+
+
+def test_fold_with_a_training_workdir_prints_only_structures(run, capsys):
+    """`foldax fold --params WORKDIR` exports the best checkpoint's scores and keeps stdout clean."""
+    import layers
+    from foldax.cli import main as foldax_main
+
+    workdir, _ = run
+    assert foldax_main(["fold", "--params", workdir, "GGGGAAACCCC"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == [">seq1", "GGGGAAACCCC"] and len(lines) == 3
+    params = trainer.export_params(workdir, str(Path(workdir) / "exported.npz"))
+    loaded = dict(np.load(params))
+    expected = float(layers.max_score(loaded, layers.encode("GGGGAAACCCC")))
+    assert float(lines[2].rsplit("(", 1)[1].rstrip(")")) == pytest.approx(expected, abs=0.006)
