@@ -17,11 +17,6 @@ from configs import default
 
 def get_config():
     config = default.get_config()
-    config.model.name = "neural"
-    config.model.features = 32
-    config.model.kernel_size = 9
-    config.model.num_layers = 2
-    config.model.pair_features = 16
+    config.model.name = "neural"  # encoder sizes: config.model.features etc. in default.py
     config.optimizer.learning_rate = 0.01
-    config.optimizer.l2 = 0.0
     return config

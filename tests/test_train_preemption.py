@@ -2,7 +2,6 @@
 SIGTERM saves a checkpoint and exits cleanly. (Real subprocesses of ``python -m train.main train``.)"""
 
 import json
-import os
 import signal
 import subprocess
 import sys

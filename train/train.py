@@ -40,8 +40,6 @@ latest.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import logging
 import os
