@@ -19,21 +19,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root, for `layers`
-
-
-def _early_devices(argv):
-    """--devices must act before JAX starts: it sets the number of XLA CPU devices."""
-    for k, a in enumerate(argv):
-        if a == "--devices" and k + 1 < len(argv):
-            return int(argv[k + 1])
-        if a.startswith("--devices="):
-            return int(a.split("=", 1)[1])
-    return 1
-
-
-DEVICES = _early_devices(sys.argv)
-if DEVICES > 1:
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={DEVICES}").strip()
+from benchmarks.cpu_devices import DEVICES  # noqa: E402  (before jax)
 import jax  # noqa: E402
 from jax.sharding import AxisType, NamedSharding, PartitionSpec  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_grad.py --section memory               # one fresh subprocess per row
     taskset -c 0 python benchmarks/bench_grad.py --section time    # single sequences, one core
-    python benchmarks/bench_grad.py --section batch                # B=32 x L=256
+    python benchmarks/bench_grad.py --section batch --devices 2    # B=32 x L=256, both cores
 
 memory: peak resident memory of one call of the compiled program above the process's
   resident memory just before it (JAX runtime, compiled code and inputs already loaded).
@@ -28,7 +28,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root, for `layers`
+from benchmarks.cpu_devices import DEVICES  # noqa: E402  (before jax)
 import jax  # noqa: E402
+from jax.sharding import AxisType, NamedSharding, PartitionSpec  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import layers  # noqa: E402
@@ -140,12 +142,17 @@ def batch_section(args):
     B, L = args.batch, args.batch_length
     tokens = jnp.asarray(rng.integers(0, 4, (B, L)), jnp.int32)
     lengths = jnp.asarray(rng.integers(L // 2, L + 1, B), jnp.int32)
+    if DEVICES > 1:  # data parallel: the batch split over the CPU devices (one per core)
+        mesh = jax.make_mesh((DEVICES,), ("data",), axis_types=(AxisType.Auto,))
+        shard = NamedSharding(mesh, PartitionSpec("data"))
+        tokens, lengths = jax.device_put(tokens, shard), jax.device_put(lengths, shard)
     fns = {
         "log_partition": jax.jit(lambda p, x, n: layers.log_partition(p, x, n)),
         "pair_probs": jax.jit(lambda p, x, n: pair_probs(p, x, n)),
         "best_structure": jax.jit(lambda p, x, n: best_structure(p, x, n)),
     }
-    print(f"\nbatch {B} x {L} (lengths {L // 2}..{L}), median of {args.repeats}; target: pair_probs / forward <= 3x")
+    print(f"\nbatch {B} x {L} (lengths {L // 2}..{L}) on {DEVICES} device(s), median of {args.repeats}; "
+          "target: pair_probs / forward <= 3x")
     rows, base = [], None
     for name, fn in fns.items():
         exe, compile_s = compiled(fn, (params, tokens, lengths))
@@ -165,6 +172,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--skip-naive", action="store_true", help="memory: skip the naive scan rows (n=400)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--devices", type=int, default=1,
+                    help="XLA CPU devices; the batch section shards its batch over them (2 for 2 cores)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--measure", help=argparse.SUPPRESS)  # child process: impl:mode:n
     args = ap.parse_args()

@@ -42,6 +42,19 @@ class LogSemiring:
         total = jnp.log(jnp.sum(jnp.exp(x - top), axis=axis, keepdims=True)) + top
         return jnp.squeeze(total, axis)
 
+    def sum_from_below(self, x, lower, axis=0):
+        """``sum(x, axis)`` in one exp pass, given ``lower <= sum(x, axis)``.
+
+        Shifting by ``lower`` instead of the terms' max saves the max pass. The shifted
+        sum is ``exp(total - lower) >= 1``, so nothing that matters underflows and its log
+        stays small (full precision); it overflows only when the total exceeds ``lower``
+        by ~88 (float32) or ~709 (float64). Returns ``(total, ok)``; where ``ok`` is
+        False the caller must use :meth:`sum` instead.
+        """
+        shift = jnp.expand_dims(lower, axis)
+        total = jnp.squeeze(jnp.log(jnp.sum(jnp.exp(x - shift), axis=axis, keepdims=True)) + shift, axis)
+        return total, jnp.isfinite(total)
+
     def weights(self, x, total, axis=0):
         """d total / d x for ``total = sum(x, axis)``: softmax shares in [0, 1]."""
         total = jnp.expand_dims(total, axis)

@@ -297,13 +297,18 @@ class _NoBarrier(types.SimpleNamespace):
         return getattr(lax, name)
 
 
+def _retrace():
+    jax.clear_caches()  # re-trace log_partition's inner jit with the patched module
+    layers.chart._charts_program.cache_clear()  # and the engine's per-geometry programs
+
+
 layers.chart.lax = _NoBarrier(optimization_barrier=lambda values: values)
-jax.clear_caches()  # re-trace log_partition's inner jit with the patched module
+_retrace()
 try:
     without_barrier = measure(foldax_fwd, params, x)
 finally:
     layers.chart.lax = lax
-    jax.clear_caches()
+    _retrace()
 
 for name, r in (("with barrier", with_barrier), ("without barrier", without_barrier)):
     copies = len(chart_copy.findall(r["compiled"].as_text()))

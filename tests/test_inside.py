@@ -226,6 +226,66 @@ def test_jit_and_vmap_agree_with_batched_call():
         np.testing.assert_allclose(g[k], g_ref[k], rtol=1e-10, atol=1e-12)
 
 
+def test_vmap_over_parameters_and_nested_vmap_equal_each_call_alone():
+    """vmap is folded into the engine's batch axis (custom_vmap); every in_axes mix must agree."""
+    rng = np.random.default_rng(12)
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), random_params(rng), random_params(rng))
+    tokens = jnp.asarray(rng.integers(0, 5, (2, 3, 14)), jnp.int32)
+    alone = np.array([[float(layers.log_partition(jax.tree.map(lambda a: a[p], stacked), tokens[p, s]))
+                       for s in range(3)] for p in range(2)])
+    per_params = jax.vmap(layers.log_partition)(stacked, tokens[:, 0])
+    np.testing.assert_allclose(per_params, alone[:, 0], rtol=1e-12)
+    nested = jax.vmap(jax.vmap(layers.log_partition, in_axes=(None, 0)))(stacked, tokens)
+    np.testing.assert_allclose(nested, alone, rtol=1e-12)
+    grads = jax.vmap(jax.grad(layers.log_partition))(stacked, tokens[:, 1])
+    for p in range(2):
+        want = jax.grad(layers.log_partition)(jax.tree.map(lambda a: a[p], stacked), tokens[p, 1])
+        for k in want:
+            np.testing.assert_allclose(grads[k][p], want[k], rtol=1e-10, atol=1e-12)
+
+
+def test_one_pass_sum_overflow_falls_back_to_the_exact_two_pass_sum():
+    """The log semiring sums a diagonal in one exp pass shifted by a lower bound; a total
+    far above that bound overflows it, and the diagonal must then be recomputed exactly."""
+    total, ok = layers.LOG.sum_from_below(jnp.array([[100.0], [0.0]], jnp.float32), jnp.zeros(1, jnp.float32))
+    assert not bool(ok[0]) and not np.isfinite(float(total[0]))
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(7, 3)), jnp.float32)
+    near, ok = layers.LOG.sum_from_below(x, jnp.max(x, axis=0) - 1.0)
+    assert bool(ok.all())
+    np.testing.assert_allclose(near, layers.LOG.sum(x), rtol=1e-6)
+
+    rng = np.random.default_rng(13)
+    n = 12
+    params = random_params(rng)
+    tokens = rng.integers(0, 4, n)
+    phi = np.zeros((n, n))
+    phi[1, n - 1] = 150.0  # Zn[0][n-1] exceeds Zn[0][n-2] + unpaired[x_{n-1}] by ~150 > 88
+    exact = brute_force_log_partition(params, tokens, phi=phi)
+    p32 = {k: v.astype(jnp.float32) for k, v in params.items()}
+    got = layers.log_partition(p32, tokens, phi=jnp.asarray(phi, jnp.float32))
+    assert rel_err(got, exact) <= 1e-5
+    batch = jnp.asarray(np.stack([tokens, tokens]), jnp.int32)
+    phis = jnp.asarray(np.stack([phi, np.zeros_like(phi)]), jnp.float32)
+    mapped = jax.vmap(lambda t, f: layers.log_partition(p32, t, phi=f))(batch, phis)
+    assert rel_err(mapped[0], exact) <= 1e-5
+    assert rel_err(mapped[1], brute_force_log_partition(params, tokens)) <= 1e-5
+    g = jax.grad(lambda f: layers.log_partition(p32, tokens, phi=f))(jnp.asarray(phi, jnp.float32))
+    assert bool(jnp.isfinite(g).all()) and float(g[1, n - 1]) == pytest.approx(1.0, abs=1e-5)
+
+    # Several chunks (the refill merges them): value and gradient as in float64, which never overflows.
+    n = 100
+    tokens = rng.integers(0, 4, n)
+    phi = np.zeros((n, n))
+    phi[10, 90] = phi[40, 60] = 120.0
+    log_z = lambda p, f: layers.log_partition(p, tokens, phi=f, num_chunks=7)
+    want, want_grad = jax.value_and_grad(log_z, argnums=(0, 1))(params, jnp.asarray(phi))
+    got, got_grad = jax.value_and_grad(log_z, argnums=(0, 1))(p32, jnp.asarray(phi, jnp.float32))
+    assert rel_err(got, want) <= 1e-5
+    for g32, g64 in zip(jax.tree.leaves(got_grad), jax.tree.leaves(want_grad)):
+        assert bool(jnp.isfinite(g32).all())
+        np.testing.assert_allclose(g32, g64, atol=2e-3)
+
+
 def test_forward_mode_is_a_clear_error():
     params = random_params(np.random.default_rng(0))
     tokens = layers.encode("GGGAAACCC")
