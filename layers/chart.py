@@ -1,76 +1,85 @@
-"""The chart engine: one inside pass and one outside (adjoint) pass for any semiring.
+"""The chart engine: one recursion per grammar; inside, outside, max, sampling and
+Hessian-vector products all derived from it.
 
-Grammar (0-based inclusive spans; empty spans have Z = Zn = 0, P = -inf)::
+A *grammar* (``layers/stacking.py``, ``layers/turner.py``) writes its recursion once,
+as a pure function of the finished smaller diagonals: ``step(sr, d, views, consts,
+known, exact)`` returns the new rows of its charts for diagonal ``d = j - i``, given
+``views`` -- rectangular slices of earlier rows of the charts and of the per-cell score
+arrays that the grammar names with :class:`View` -- and a semiring ``sr``
+(``layers/semiring.py``). The engine
 
-    P[i][j]  = pair[x_i,x_j] + phi[i][j]
-               + ( stack[x_i,x_j,x_{j-1},x_{i+1}] + P[i+1][j-1]  (+)  loop + Zn[i+1][j-1] )
-               if j - i > h, else -inf
-    Zn[i][j] = unpaired[x_i] + Z[i+1][j]  (+)  SUM_{k=i+h+1}^{j-1} P[i][k] + Z[k+1][j]
-    Z[i][j]  = Zn[i][j] (+) P[i][j]
+* fills the charts diagonal by diagonal (**inside**; :func:`fill`) in a ``fori_loop``
+  per static-shape chunk of diagonals, writing each finished row back in place;
+* runs the diagonals in reverse with ``jax.vjp`` of the same ``step`` over the saved
+  charts (**outside**; :func:`outside`): each diagonal's row adjoints go in, the
+  adjoints of its views come out and are added back into adjoint charts at the same
+  places. Memory stays O(L^2) per sequence; a grammar writes no adjoint code;
+* gets the best structure from the max semiring and exact samples from
+  :class:`~layers.semiring.SampleSemiring` in the same outside pass (the "gradient" is a
+  one-hot choice), and second derivatives from ``jax.jvp`` of inside + outside
+  (forward mode through both loops, O(L^2) memory; see :func:`value`).
 
-The engine folds the unpaired term into the split-point sum: with the *left
-factor* ``F[i][i] = unpaired[x_i]`` and ``F[i][k] = P[i][k]`` (``k > i``),
-``Zn[i][j] = SUM_{k=i}^{j-1} F[i][k] + Z[k+1][j]``. That one reduction is the
-O(n^3) work; everything else is O(n) per diagonal.
+Layout (why it is fast). Charts are stored *by width*: ``chart[b, w, i]`` is the cell
+(i, i + w) (a grammar may shift rows, e.g. ``w + 1``), and charts used as the right
+factor of split sums are also stored *by end, width reversed*: ``chart_r[b, L - w, j]``
+is the cell (j - w, j). For diagonal d, the split terms ``left[i][k] + right[k+1][i+d]``
+of all cells are then two plain rectangular slices, added and reduced over the width
+axis: no gathers, no per-cell scatters, and each finished diagonal is written back as
+one contiguous row. Slices need static shapes, so the diagonals are split into a few
+*chunks* [d0, d1) (``diagonal_chunks``): a chunk reads ``rows`` (~ d1) rows and ``L - d0``
+columns, hugging the triangle (about 25% padding with the automatic 16 chunks at
+L >= 512) instead of computing full L x L rows. Uncomputed cells keep their initial
+value (``-inf`` or 0), so padding never contributes. Reductions run over the width axis
+and vectorise along positions, so a batch costs no more per sequence than a single
+call; ``jax.vmap`` is folded into that batch axis (``custom_vmap``).
 
-Layout (why it is fast). The chart is filled one diagonal ``d = j - i`` at a
-time, in a ``fori_loop``. Charts are stored *by width*, one [width, position] matrix per sequence:
+Each new row is materialised before it is written (``lax.optimization_barrier``):
+otherwise XLA fuses its computation into the in-place row update, and the fused update
+copies the whole chart every diagonal (O(L^3) memory traffic). In the outside pass each
+sum is handed its saved total (``known``), so its shares cost one exp pass and nothing
+is recomputed twice.
 
-* ``F[b, w, i]``  = F[i][i+w]            (indexed by span start)
-* ``Zn[b, w+1, i]`` = Zn[i][i+w]         (row 0: the empty span)
-* ``Zr[b, L-w, j]`` = Z[j-w][j]          (indexed by span end, width reversed)
-
-For diagonal d, the split terms of all cells are ``F[m, i] + Z[i+m+1][i+d]``
-for m = 0..d-1; in this layout they are two plain rectangular slices,
-``F[:, 0:M, 0:C]`` and ``Zr[:, L-d+1 : L-d+1+M, d : d+C]``, added and reduced
-over the width axis: no gathers, no per-cell scatters, and each finished diagonal is
-written back as one contiguous row. Slices must have static shapes, so the
-diagonals are split into a few *chunks*; a chunk [d0, d1) uses M = d1 - 1 rows
-and C = L - d0 columns, which hugs the triangular band (about 25% padding with
-the automatic 16 chunks at L >= 512; each chunk costs ~0.4 s of compile time) instead
-of computing full L x L rows. Uncomputed cells
-hold -inf (F) or 0 (Z), so padding rows and columns never contribute. Reductions
-run over the width axis and vectorise along positions, so a batch costs no more
-per sequence than a single call (a size-1 batch axis innermost would cost 5x);
-``jax.vmap`` is folded into that batch axis (``custom_vmap``).
-
-One exp pass per diagonal. A log-sum-exp is usually two passes over the terms (the
-max, then the shifted exp-sum). Here the shift is a lower bound known from the
-previous diagonal, ``Zn[i][j] >= Zn[i][j-1] + unpaired[x_j]`` (j left unpaired),
-which saves the max pass (~10% of the forward time at n = 800). The shifted sum is
-then >= 1, so it cannot underflow; if it overflows (the total exceeds the bound by
-~88 in float32, e.g. with scores ~ 100), the chart is refilled with two-pass sums
-(``FALLBACK_CHUNKS`` chunks, ~3x slower): the result is exact either way.
-
-Backward: the adjoint of each cell is pushed to its children in reverse diagonal
-order, re-deriving the split weights from the saved O(L^2) charts (semiring
-``weights``: softmax shares for LOG, arg-max indicators for MAX). Memory stays
-O(L^2 B); nothing of size L^3 is stored.
+One exp pass per diagonal (stacking grammar). A log-sum-exp is two passes over the
+terms (the max, then the shifted exp-sum). A grammar that knows a lower bound of a sum
+(stacking: ``Zn[i][j] >= Zn[i][j-1] + unpaired[x_j]``) may sum in one exp pass
+(``sum_from_below``) and report overflow (a total ~88 above the bound in float32); the
+engine then refills the charts with two-pass sums (``FALLBACK_CHUNKS`` chunks, ~3x
+slower) under one ``lax.cond`` per call, so the result is exact either way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from layers.semiring import SEMIRINGS
+from layers.semiring import LOG, MAX, SampleSemiring
 
 #: Upper limit of the automatic chunk count (see ``auto_num_chunks``).
 MAX_AUTO_CHUNKS = 16
 #: ``num_chunks=None`` everywhere means ``auto_num_chunks(L)``.
 DEFAULT_NUM_CHUNKS = None
+#: Chunks of the exact re-run after a one-pass overflow (few: it is rare, and each
+#: chunk is another loop body to compile).
+FALLBACK_CHUNKS = 4
 
+
+# ------------------------------------------------------------------ geometry
 
 @functools.lru_cache(maxsize=256)
-def diagonal_chunks(length: int, num_chunks: int = MAX_AUTO_CHUNKS) -> tuple[tuple[int, int], ...]:
+def diagonal_chunks(length: int, num_chunks: int = MAX_AUTO_CHUNKS, cell_cost: int = 0,
+                    row_offset: int = 1) -> tuple[tuple[int, int], ...]:
     """Splits diagonals 0..length-1 into at most ``num_chunks`` runs [d0, d1).
 
-    Chosen by dynamic programming over boundaries on a coarse grid to minimise
-    the padded work ``sum (d1 - d0) * (d1 - 1) * (length - d0)`` of the chunks.
+    Chosen by dynamic programming over boundaries on a coarse grid to minimise the
+    padded work ``sum (d1 - d0) * (d1 - row_offset + cell_cost) * (length - d0)`` of the
+    chunks (a chunk reads ``d1 - row_offset`` split rows plus ``cell_cost`` fixed terms
+    per cell for ``length - d0`` cells on each of its diagonals).
     """
     if length <= 0:
         return ()
@@ -80,7 +89,8 @@ def diagonal_chunks(length: int, num_chunks: int = MAX_AUTO_CHUNKS) -> tuple[tup
     k = min(num_chunks, g - 1)
     d0 = grid[:, None].astype(np.float64)
     d1 = grid[None, :].astype(np.float64)
-    cost = np.where(d1 > d0, (d1 - d0) * np.maximum(d1 - 1, 1) * (length - d0), np.inf)
+    rows = np.maximum(d1 - row_offset, 1) + cell_cost
+    cost = np.where(d1 > d0, (d1 - d0) * rows * (length - d0), np.inf)
     best = np.full((k + 1, g), np.inf)
     arg = np.zeros((k + 1, g), dtype=np.int64)
     best[0, 0] = 0.0
@@ -102,253 +112,345 @@ def auto_num_chunks(length: int) -> int:
     return max(1, min(MAX_AUTO_CHUNKS, length // 32))
 
 
-def _geometry(length: int, num_chunks: int | None):
-    chunks = diagonal_chunks(length, auto_num_chunks(length) if num_chunks is None else num_chunks)
-    widest = max((d1 - d0 for d0, d1 in chunks), default=1)
-    return chunks, widest
+@dataclasses.dataclass(frozen=True)
+class View:
+    """A slice ``array[:, row : row + rows, col : col + cols]`` read by a step.
+
+    ``row`` and ``col`` may be traced (they depend on the diagonal); ``rows`` and
+    ``cols`` are static. Out-of-range starts are clamped like ``lax.dynamic_slice``
+    (the grammar masks what it reads there). ``array`` names a chart or a score array.
+    """
+
+    array: str
+    row: Any
+    col: Any
+    rows: int
+    cols: int
 
 
-def _row(chart, row, col, width):
-    """chart[:, row, col:col+width] with dynamic row/col, as [B, width]."""
-    return lax.dynamic_slice(chart, (0, row, col), (chart.shape[0], 1, width))[:, 0]
+def _read(array, view: View):
+    return lax.dynamic_slice(array, (0, view.row, view.col), (array.shape[0], view.rows, view.cols))
 
 
-def _put_row(chart, values, row, col):
-    return lax.dynamic_update_slice(chart, values[:, None], (0, row, col))
+def _read_row(array, row, col, width):
+    return lax.dynamic_slice(array, (0, row, col), (array.shape[0], 1, width))[:, 0]
 
 
-def _add_block(chart, values, row, col):
-    block = lax.dynamic_slice(chart, (0, row, col), values.shape)
-    return lax.dynamic_update_slice(chart, block + values, (0, row, col))
+def _put_row(array, values, row, col):
+    return lax.dynamic_update_slice(array, values[:, None].astype(array.dtype), (0, row, col))
 
 
-class _Cells:
-    """Per-diagonal views shared by the inside and outside passes."""
-
-    def __init__(self, scores, charts, d, width, min_hairpin, semiring):
-        pair_w, stack_w, _, loop = scores
-        F, Zn, Zr = charts
-        neg_inf = jnp.array(-jnp.inf, F.dtype)
-        self.has_pair = d > min_hairpin
-        self.has_stack = d - 2 > min_hairpin
-        self.pair = _row(pair_w, d, 0, width)
-        self.stacked = jnp.where(
-            self.has_stack, _row(stack_w, d, 0, width) + _row(F, d - 2, 1, width), neg_inf
-        )
-        self.looped = jnp.reshape(loop, (-1, 1)) + _row(Zn, d - 1, 1, width)
-        self.inner = semiring.plus(self.stacked, self.looped)
-        self.p = jnp.where(self.has_pair, self.pair + self.inner, neg_inf)
+def _add_block(array, values, row, col):
+    block = lax.dynamic_slice(array, (0, row, col), values.shape)
+    return lax.dynamic_update_slice(array, block + values, (0, row, col))
 
 
-def _split_terms(F, Zr, d, rows, width, length):
-    left = F[:, :rows, :width]
-    right = lax.dynamic_slice(Zr, (0, length - d + 1, d), (F.shape[0], rows, width))
-    return left + right
+# --------------------------------------------------------------- the engine
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Static description of one engine run: grammar, padded length, chunking."""
+
+    grammar: Any
+    length: int
+    num_chunks: int | None = None
+
+    @functools.cached_property
+    def chunks(self):
+        n = auto_num_chunks(self.length) if self.num_chunks is None else self.num_chunks
+        return diagonal_chunks(self.length, n, self.grammar.cell_cost, self.grammar.row_offset)
+
+    @functools.cached_property
+    def exact_chunks(self):
+        """Merged runs of ``chunks`` for the exact refill: each diagonal's exact row then
+        covers at least the columns of its one-pass row, so the outside pass (which uses
+        ``chunks``) sees consistent charts."""
+        if not self.chunks:
+            return ()
+        runs = np.array_split(np.arange(len(self.chunks)), min(FALLBACK_CHUNKS, len(self.chunks)))
+        return tuple((self.chunks[r[0]][0], self.chunks[r[-1]][1]) for r in runs)
+
+    @property
+    def widest(self):
+        spans = self.exact_chunks if self.grammar.one_pass else self.chunks
+        return max((d1 - d0 for d0, d1 in spans), default=1)
 
 
-#: Chunks of the exact re-run after a one-pass overflow (few: it is rare, and each
-#: chunk is another loop body to compile).
-FALLBACK_CHUNKS = 4
+def _arrays(inputs, charts):
+    return {**inputs["arrays"], **charts}
 
 
-def _fill_charts(scores, length, min_hairpin, semiring, num_chunks):
-    pair_w, _, unpaired, _ = scores
-    batch, dtype = pair_w.shape[0], pair_w.dtype
-    chunks, widest = _geometry(length, num_chunks)
-    one_pass = hasattr(semiring, "sum_from_below")  # the log semiring; a max is one pass anyway
-    if one_pass and chunks:
-        # Merged runs of the same chunks: every diagonal's exact row then covers at least
-        # the columns of its one-pass row, so the outside pass sees consistent charts.
-        exact_chunks = tuple(
-            (chunks[run[0]][0], chunks[run[-1]][1])
-            for run in np.array_split(np.arange(len(chunks)), min(FALLBACK_CHUNKS, len(chunks)))
-        )
-        widest = max(d1 - d0 for d0, d1 in exact_chunks)
-    else:
-        exact_chunks = chunks
-    neg_inf = jnp.array(-jnp.inf, dtype)
+def _fill_chunks(problem: Problem, sr, inputs, charts, chunks, exact):
+    grammar, length = problem.grammar, problem.length
+    consts = inputs["consts"]
+    batch = next(iter(charts.values())).shape[0]
 
-    def blank():
-        # One spare row: diagonal 0 writes its (empty) P row to row 1, never over row 0.
-        F = jnp.full((batch, length + 1, length + 1), -jnp.inf, dtype).at[:, 0, :length].set(unpaired)
-        Zn = jnp.zeros((batch, length + 1, length + 1), dtype)
-        Zr = jnp.zeros((batch, length + widest + 2, length + widest + 1), dtype)
-        return F, Zn, Zr, jnp.zeros(batch, bool)
-
-    def step(exact, rows, width, d, state):
-        F, Zn, Zr, overflow = state
-        charts = (F, Zn, Zr)
-        # Materialised once: read through the dynamic slice of Zr inside the exp loop,
-        # the split terms cost ~25% more (measured).
-        terms = lax.optimization_barrier(_split_terms(F, Zr, d, rows, width, length))
-        if exact or not one_pass:
-            zn = semiring.sum(terms, axis=1)
-        else:
-            # Zn[i][j] >= Zn[i][j-1] + unpaired[x_j] (j left unpaired): a lower bound that
-            # lets the log semiring sum in one exp pass instead of a max pass and an exp pass.
-            lower = lax.optimization_barrier(_row(Zn, d, 0, width) + _row(F, 0, d, width))
-            zn, ok = semiring.sum_from_below(terms, lower, axis=1)
-            live = jnp.arange(width) < length - d
+    def step(rows, width, d, state):
+        charts, overflow = state
+        arrays = _arrays(inputs, charts)
+        views = {k: _read(arrays[v.array], v) for k, v in grammar.views(d, rows, width, length).items()}
+        out, ok = grammar.step(sr.for_diagonal(d), d, views, consts, known={}, exact=exact, length=length)
+        out = lax.optimization_barrier(out)
+        charts = dict(charts)
+        for name, (row, col) in grammar.writes(d, length).items():
+            charts[name] = _put_row(charts[name], out[name], row, col)
+        if ok is not None:
             # Flagged per sequence: a flag shared by the batch would cost a cross-device
             # reduction on every diagonal when the batch is sharded.
+            live = jnp.arange(width) < length - d
             overflow = overflow | jnp.any(live & ~ok, axis=1)
-        if one_pass:
-            # Cells past the chart's end (i + d >= L) are never read: -inf keeps them inert.
-            zn = jnp.where(jnp.arange(width) < length - d, zn, neg_inf)
-        p = _Cells(scores, charts, d, width, min_hairpin, semiring).p
-        z = semiring.plus(zn, p)
-        # Materialise the new rows before writing them: otherwise XLA fuses their
-        # computation into the in-place row updates, and the fused update must then
-        # copy the whole chart every diagonal (O(L^3) memory traffic).
-        zn, p, z = lax.optimization_barrier((zn, p, z))
-        # Row 0 of F holds the unpaired scores; P of width 0 does not exist.
-        F = _put_row(F, p, jnp.maximum(d, 1), 0)
-        Zn = _put_row(Zn, zn, d + 1, 0)
-        Zr = _put_row(Zr, z, length - d, d)
-        return F, Zn, Zr, overflow
+        return charts, overflow
 
-    def fill(state, exact, chunks):
-        for d0, d1 in chunks:
-            state = lax.fori_loop(d0, d1, functools.partial(step, exact, max(d1 - 1, 1), length - d0), state)
-        return state
+    state = (charts, jnp.zeros(batch, bool))
+    for d0, d1 in chunks:
+        rows, width = grammar.block(d0, d1, length)
+        state = lax.fori_loop(max(d0, grammar.first_diagonal), d1, functools.partial(step, rows, width), state)
+    return state
 
-    state = fill(blank(), False, chunks)
+
+def fill(problem: Problem, sr, inputs):
+    """The inside pass: every chart filled (a dict of [B, ...] arrays)."""
+    grammar = problem.grammar
+    one_pass = grammar.one_pass and sr is LOG
+
+    def blank():
+        return grammar.init_charts(inputs, problem.length, problem.widest)
+
+    charts, overflow = _fill_chunks(problem, sr, inputs, blank(), problem.chunks, exact=not one_pass)
     if one_pass:
         # A one-pass sum overflowed somewhere (scores of order 100): refill the charts
         # from scratch with two-pass sums. One check per call, not per diagonal: a
         # per-diagonal cond synchronises the devices of a sharded batch every diagonal
         # (measured 1.7x slower at 32 x 128 on 2 devices); a while loop was 2x slower.
-        state = lax.cond(jnp.any(state[3]), lambda s: fill(blank(), True, exact_chunks), lambda s: s, state)
-    return state[:3]
-
-
-@functools.lru_cache(maxsize=256)
-def _charts_program(length, min_hairpin, semiring, num_chunks):
-    """The inside pass for one static geometry, with ``jax.vmap`` folded into its batch axis.
-
-    Under ``vmap`` every mapped instance becomes more sequences of the engine's own
-    batch, so a mapped single-sequence call runs the batched program (and the overflow
-    fallback stays a ``lax.cond`` instead of a ``select`` that runs both branches).
-    """
-
-    @jax.custom_batching.custom_vmap
-    def charts(pair_w, stack_w, unpaired, loop):
-        return _fill_charts((pair_w, stack_w, unpaired, loop), length, min_hairpin, semiring, num_chunks)
-
-    @charts.def_vmap
-    def _batched(axis_size, in_batched, *args):
-        args = [a if b else jnp.broadcast_to(a, (axis_size,) + a.shape) for a, b in zip(args, in_batched)]
-        batch = args[0].shape[1]
-        out = charts(*(a.reshape((axis_size * batch,) + a.shape[2:]) for a in args))
-        return tuple(c.reshape((axis_size, batch) + c.shape[1:]) for c in out), (True,) * len(out)
-
+        charts = lax.cond(jnp.any(overflow),
+                          lambda c: _fill_chunks(problem, sr, inputs, blank(), problem.exact_chunks, True)[0],
+                          lambda c: c, charts)
     return charts
 
 
-def _inside_charts(scores, length, min_hairpin, semiring, num_chunks):
-    pair_w, stack_w, unpaired, loop = scores
-    loop = jnp.broadcast_to(loop, pair_w.shape[:1])  # one per sequence, so vmap can fold it in
-    return _charts_program(length, min_hairpin, semiring, num_chunks)(pair_w, stack_w, unpaired, loop)
+def outside(problem: Problem, sr, inputs, charts, seeds):
+    """Adjoints of ``inputs`` given the adjoints ``seeds`` of the charts (the outside pass).
 
-
-def _outside(scores, charts, seeds, length, min_hairpin, semiring, num_chunks):
-    """Adjoints of the cell scores given d(out)/d(Z[0][n_b - 1]) = seeds[b]."""
-    pair_w = scores[0]
-    F, Zn, Zr = charts
-    dtype = F.dtype
-    chunks, _ = _geometry(length, num_chunks)
-    gF, gZn, gZr = jnp.zeros_like(F), jnp.zeros_like(Zn), jnp.zeros_like(Zr)
-    gZr = gZr + seeds  # seeds: one-hot at each output cell
-    g_pair = jnp.zeros_like(pair_w)
-    g_stack = jnp.zeros_like(pair_w)
-    g_loop = jnp.zeros(pair_w.shape[0], dtype)
-
-    def step(rows, width, d, carry):
-        gF, gZn, gZr, g_pair, g_stack, g_loop = carry
-        cells = _Cells(scores, charts, d, width, min_hairpin, semiring)
-        terms = _split_terms(F, Zr, d, rows, width, length)
-        zn = _row(Zn, d + 1, 0, width)
-        z = _row(Zr, length - d, d, width)
-        w_zn, w_p = semiring.pair_weights(zn, cells.p, z)
-        g_z = _row(gZr, length - d, d, width)
-        g_zn = _row(gZn, d + 1, 0, width) + g_z * w_zn
-        g_p = jnp.where(cells.has_pair, _row(gF, d, 0, width) + g_z * w_p, 0)
-        # The pair's inner alternatives: stacked on P[i+1][j-1], or a loop over Zn[i+1][j-1].
-        w_stack, w_loop = semiring.pair_weights(cells.stacked, cells.looped, cells.inner)
-        g_stacked = jnp.where(cells.has_stack, g_p * w_stack, 0)
-        g_looped = g_p * w_loop
-        # As in the inside pass: materialise the new values before updating the adjoint
-        # charts in place (the shares once: fusing them into both block updates would
-        # compute every exp twice, measured 30% slower on a 32 x 256 batch).
-        # Split points: F[m, i] and Z[i+m+1][i+d] each receive the term's share.
-        share = g_zn[:, None] * semiring.weights(terms, zn, axis=1)
-        share, g_p, g_stacked, g_looped = lax.optimization_barrier((share, g_p, g_stacked, g_looped))
-        gF = _add_block(gF, share, 0, 0)
-        gZr = _add_block(gZr, share, length - d + 1, d)
-        gF = _add_block(gF, g_stacked[:, None], jnp.maximum(d - 2, 1), 1)
-        gZn = _add_block(gZn, g_looped[:, None], jnp.maximum(d - 1, 0), 1)
-        g_pair = _put_row(g_pair, g_p, d, 0)
-        g_stack = _put_row(g_stack, g_stacked, d, 0)
-        g_loop = g_loop + jnp.sum(g_looped, axis=1)
-        return gF, gZn, gZr, g_pair, g_stack, g_loop
-
-    carry = (gF, gZn, gZr, g_pair, g_stack, g_loop)
-    for d0, d1 in reversed(chunks):
-        body = functools.partial(step, max(d1 - 1, 1), length - d0)
-        carry = lax.fori_loop(0, d1 - d0, lambda t, c, body=body, d1=d1: body(d1 - 1 - t, c), carry)
-    gF, gZn, gZr, g_pair, g_stack, g_loop = carry
-    g_unpaired = gF[:, 0, :length]
-    return g_pair, g_stack, g_unpaired, g_loop
-
-
-def _output_index(lengths, length):
-    """Row/column of Z[0][n-1] in the Zr chart (n >= 1)."""
-    n = jnp.clip(lengths, 1, length)
-    return length - (n - 1), n - 1
-
-
-def _read_output(Zr, lengths, length):
-    rows, cols = _output_index(lengths, length)
-    values = Zr[jnp.arange(Zr.shape[0]), rows, cols]
-    return jnp.where(lengths > 0, values, jnp.zeros_like(values))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
-def inside_from_scores(pair_w, stack_w, unpaired, loop, lengths, length, min_hairpin, semiring, num_chunks):
-    """Z[0][n_b - 1] for each sequence b from per-cell scores (see ``cell_scores``).
-
-    ``pair_w[b, d, i]`` is ``pair[x_i, x_{i+d}] + phi[i, i+d]``, ``stack_w[b, d, i]`` the
-    stacking score of the pair (i, i+d), ``unpaired[b, i]`` and ``loop`` as in the
-    grammar. Differentiable (reverse mode) in every float argument with O(L^2 B) memory.
+    Runs the diagonals in reverse; each one is the ``jax.vjp`` of the grammar's ``step``
+    at the saved charts, with the saved rows handed to the step as ``known`` totals.
+    Returns ``(grads of inputs, grads of the charts' initial values)``.
     """
-    scores = (pair_w, stack_w, unpaired, loop)
-    charts = _inside_charts(scores, length, min_hairpin, SEMIRINGS[semiring], num_chunks)
-    return _read_output(charts[2], lengths, length)
+    grammar, length = problem.grammar, problem.length
+    arrays = _arrays(inputs, charts)
+    grads = {k: jnp.zeros_like(v) for k, v in arrays.items()}
+    for k, g in seeds.items():
+        grads[k] = grads[k] + g
+    g_consts = jax.tree.map(jnp.zeros_like, inputs["consts"])
+
+    def step(rows, width, d, state):
+        grads, g_consts = state
+        specs = grammar.views(d, rows, width, length)
+        views = {k: _read(arrays[v.array], v) for k, v in specs.items()}
+        writes = grammar.writes(d, length)
+        known = {name: _read_row(arrays[name], row, col, width) for name, (row, col) in writes.items()}
+        g_out = {name: _read_row(grads[name], row, col, width) for name, (row, col) in writes.items()}
+        sr_d = sr.for_diagonal(d)
+
+        def recursion(views, consts):
+            out, _ = grammar.step(sr_d, d, views, consts, known=known, exact=True, length=length)
+            return {name: out[name] for name in writes}
+
+        _, pullback = jax.vjp(recursion, views, inputs["consts"])
+        g_views, g_c = pullback(g_out)
+        # Materialise the adjoints before the in-place block updates (as in the inside
+        # pass: fused into both updates, every share would be computed twice).
+        g_views = lax.optimization_barrier(g_views)
+        grads = dict(grads)
+        for k, v in specs.items():
+            grads[v.array] = _add_block(grads[v.array], g_views[k], v.row, v.col)
+        return grads, jax.tree.map(jnp.add, g_consts, g_c)
+
+    state = (grads, g_consts)
+    for d0, d1 in reversed(problem.chunks):
+        rows, width = grammar.block(d0, d1, length)
+        body = functools.partial(step, rows, width)
+        first = max(d0, grammar.first_diagonal)
+        state = lax.fori_loop(0, max(d1 - first, 0), lambda t, s, body=body, d1=d1: body(d1 - 1 - t, s), state)
+    grads, g_consts = state
+    g_inputs = {"arrays": {k: grads[k] for k in inputs["arrays"]}, "consts": g_consts}
+    g_charts = {k: grads[k] for k in charts}
+    return g_inputs, g_charts
 
 
-def _inside_fwd(pair_w, stack_w, unpaired, loop, lengths, length, min_hairpin, semiring, num_chunks):
-    scores = (pair_w, stack_w, unpaired, loop)
-    charts = _inside_charts(scores, length, min_hairpin, SEMIRINGS[semiring], num_chunks)
-    return _read_output(charts[2], lengths, length), (scores, charts, lengths)
+def _value(problem, sr, inputs, lengths):
+    charts = fill(problem, sr, inputs)
+    return problem.grammar.output(sr, _arrays(inputs, charts), inputs["consts"], lengths, problem.length)
 
 
-def _inside_bwd(length, min_hairpin, semiring, num_chunks, residuals, g):
-    scores, charts, lengths = residuals
-    Zr = charts[2]
-    rows, cols = _output_index(lengths, length)
-    g = jnp.where(lengths > 0, g, jnp.zeros_like(g))
-    seeds = jnp.zeros_like(Zr).at[jnp.arange(Zr.shape[0]), rows, cols].add(g)
-    g_pair, g_stack, g_unpaired, g_loop = _outside(
-        scores, charts, seeds, length, min_hairpin, SEMIRINGS[semiring], num_chunks
-    )
-    g_loop = jnp.sum(g_loop).reshape(jnp.shape(scores[3])).astype(scores[3].dtype)
-    return g_pair, g_stack, g_unpaired, g_loop, None
+def _value_and_grad(problem, sr_in, sr_out, inputs, lengths, g_out):
+    """(value [B], d value / d inputs) with output adjoints ``g_out`` [B] (an outside pass)."""
+    grammar, length = problem.grammar, problem.length
+    charts = fill(problem, sr_in, inputs)
+
+    def output(inputs, charts):
+        return grammar.output(sr_out, _arrays(inputs, charts), inputs["consts"], lengths, length)
+
+    value, pullback = jax.vjp(output, inputs, charts)
+    g_direct, seeds = pullback(g_out.astype(value.dtype))
+    g_inputs, g_charts = outside(problem, sr_out, inputs, charts, seeds)
+    # The charts' initial values (e.g. the unpaired scores in row 0) come from the inputs.
+    _, init_pullback = jax.vjp(lambda x: grammar.init_charts(x, length, problem.widest), inputs)
+    (g_init,) = init_pullback(g_charts)
+    return value, jax.tree.map(lambda *g: sum(g), g_inputs, g_direct, g_init)
 
 
-inside_from_scores.defvjp(_inside_fwd, _inside_bwd)
+# ------------------------------------------ vmap folded into the batch axis
+
+def _fold_vmap(fn):
+    """``fn(inputs, lengths, *rest)`` (leading batch axis everywhere) with ``jax.vmap``
+    folded into that batch axis: a mapped call runs the engine's own batched program,
+    and its ``lax.cond`` stays a cond instead of a select running both branches."""
+    wrapped = jax.custom_batching.custom_vmap(fn)
+
+    @wrapped.def_vmap
+    def _rule(axis_size, in_batched, *args):
+        in_batched = jax.tree.map(bool, in_batched)
+        args = jax.tree.map(lambda a, b: a if b else jnp.broadcast_to(a, (axis_size,) + jnp.shape(a)),
+                            args, tuple(in_batched))
+        batch = jnp.shape(args[1])[1]  # lengths: [V, B]
+        flat = jax.tree.map(lambda a: a.reshape((axis_size * batch,) + a.shape[2:]), args)
+        out = wrapped(*flat)
+        out = jax.tree.map(lambda a: a.reshape((axis_size, batch) + a.shape[1:]), out)
+        return out, jax.tree.map(lambda _: True, out)
+
+    return wrapped
 
 
-def inside_charts_from_scores(pair_w, stack_w, unpaired, loop, *, length, min_hairpin, semiring, num_chunks=None):
-    """The filled charts ``(F, Zn, Zr)`` in the engine's layout (for tracebacks)."""
-    scores = (pair_w, stack_w, unpaired, loop)
-    return _inside_charts(scores, length, min_hairpin, SEMIRINGS[semiring], num_chunks)
+@functools.lru_cache(maxsize=512)
+def _programs(problem: Problem, semiring_name: str):
+    sr = {"log": LOG, "max": MAX}[semiring_name]
+
+    @_fold_vmap
+    def value_raw(inputs, lengths):
+        return _value(problem, sr, inputs, lengths)
+
+    def unfolded_grad(inputs, lengths):
+        return _value_and_grad(problem, sr, sr, inputs, lengths, jnp.ones(lengths.shape))
+
+    grad_raw = _fold_vmap(unfolded_grad)
+
+    @_fold_vmap
+    def hvp_raw(inputs, lengths, tangents):
+        # Forward mode through the inside and outside loops: O(L^2) memory. (The jvp
+        # runs inside the vmap rule: a jvp of a custom_vmap function cannot be vmapped.)
+        return jax.jvp(lambda x: unfolded_grad(x, lengths)[1], (inputs,), (tangents,))[1]
+
+    @jax.custom_jvp
+    def value_and_grad(inputs, lengths):
+        return grad_raw(inputs, lengths)
+
+    @value_and_grad.defjvp
+    def _value_and_grad_jvp(primals, tangents):
+        inputs, lengths = primals
+        dot = tangents[0]
+        value, grads = grad_raw(inputs, lengths)
+        value_dot = _vdot_batched(grads, dot)
+        if sr is MAX:  # piecewise constant: the arg-max indicator has zero derivative
+            return (value, grads), (value_dot, jax.tree.map(jnp.zeros_like, grads))
+        return (value, grads), (value_dot, _symmetric_hvp(hvp_raw, inputs, lengths, dot))
+
+    @jax.custom_jvp
+    def value(inputs, lengths):
+        return value_raw(inputs, lengths)
+
+    @value.defjvp
+    def _value_jvp(primals, tangents):
+        inputs, lengths = primals
+        value_, grads = value_and_grad(inputs, lengths)
+        return value_, _vdot_batched(grads, tangents[0])
+
+    return value, value_and_grad
+
+
+def _vdot_batched(grads, dot):
+    """sum over everything but the batch axis of grads * dot -> [B]."""
+    terms = [jnp.sum((g * t).reshape(g.shape[0], -1), axis=1)
+             for g, t in zip(jax.tree.leaves(grads), jax.tree.leaves(dot))]
+    return sum(terms)
+
+
+@jax.custom_jvp
+def _third_order_guard(x):
+    return x
+
+
+@_third_order_guard.defjvp
+def _third_order_guard_jvp(primals, tangents):
+    raise NotImplementedError(
+        "foldax computes first and second derivatives of its DP (gradients, Hessian-vector products, "
+        "gradients of pair_probs); third and higher derivatives are not supported")
+
+
+def _symmetric_hvp(hvp_raw, inputs, lengths, dot):
+    """H @ dot as a linear map whose transpose is itself (H = d^2 value / d inputs^2 is
+    symmetric), so reverse mode over it (the gradient of anything built on pair_probs)
+    costs one more forward-mode pass instead of an O(L^3) tape."""
+
+    def matvec(x):
+        # Only used by JAX to differentiate H itself (third order): refuse clearly.
+        guarded = _third_order_guard(jax.tree.leaves(inputs)[0])
+        return jax.tree.map(lambda a: a + 0 * jnp.sum(guarded).astype(a.dtype), x)
+
+    def solve(_, b):
+        return hvp_raw(inputs, lengths, b)
+
+    return lax.custom_linear_solve(matvec, dot, solve, symmetric=True)
+
+
+def value(problem: Problem, semiring: str, inputs, lengths):
+    """The grammar's output (log Z or the best score) per sequence [B].
+
+    Differentiable in ``inputs`` (a dict ``{"arrays": ..., "consts": ...}`` of float
+    arrays with a leading batch axis) by forward mode, reverse mode (the outside pass)
+    and forward-over-reverse or reverse-over-reverse (second derivatives, e.g. the
+    gradient of a loss on pair probabilities); ``lengths`` [B] is an int input.
+    """
+    return _programs(problem, semiring)[0](inputs, lengths)
+
+
+def value_and_grad(problem: Problem, semiring: str, inputs, lengths):
+    """``(value [B], d value_b / d inputs_b)``: one inside and one outside pass."""
+    return _programs(problem, semiring)[1](inputs, lengths)
+
+
+def charts(problem: Problem, semiring: str, inputs):
+    """The filled charts (a dict), e.g. for inspection in notebooks."""
+    return fill(problem, {"log": LOG, "max": MAX}[semiring], inputs)
+
+
+def sample_pairs(problem: Problem, key, inputs, lengths, num_samples: int, group: int):
+    """``num_samples`` exact samples per sequence as 0/1 pair indicators [S, B, L(width), L(start)].
+
+    One inside pass (log semiring); then per group of ``group`` samples, an outside pass
+    over the charts tiled ``group`` times with a :class:`SampleSemiring`: the adjoint
+    (0 or 1) of the grammar's pair-score array marks the sampled structure's pairs.
+    """
+    grammar, length = problem.grammar, problem.length
+    charts = fill(problem, LOG, inputs)
+    batch = lengths.shape[0]
+
+    def tile(a):
+        return jnp.broadcast_to(a[None], (group,) + a.shape).reshape((group * a.shape[0],) + a.shape[1:])
+
+    def one_group(group_key):
+        sr = SampleSemiring(group_key)
+        inputs_g, charts_g, lengths_g = jax.tree.map(tile, (inputs, charts, lengths))
+
+        def output(inputs, charts):
+            return grammar.output(sr, _arrays(inputs, charts), inputs["consts"], lengths_g, length)
+
+        value, pullback = jax.vjp(output, inputs_g, charts_g)
+        g_direct, seeds = pullback(jnp.ones_like(value))
+        g_inputs, _ = outside(problem, sr, inputs_g, charts_g, seeds)
+        marks = g_inputs["arrays"][grammar.pair_array] + g_direct["arrays"][grammar.pair_array]
+        return marks.reshape((group, batch) + marks.shape[1:]) > 0.5
+
+    num_groups = -(-num_samples // group)
+    keys = jax.random.split(key, num_groups)
+    marks = lax.map(one_group, keys)
+    return marks.reshape((num_groups * group, batch) + marks.shape[3:])[:num_samples]

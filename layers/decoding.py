@@ -26,8 +26,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
+from layers import chart, stacking
 from layers.chart import DEFAULT_NUM_CHUNKS
 from layers.inside import (
     _batched_value,
@@ -36,7 +36,6 @@ from layers.inside import (
     batch_sharded,
     cell_scores,
     check_params,
-    inside_charts,
 )
 
 
@@ -169,92 +168,46 @@ def mea_structure(pair_probs, lengths=None, *, gamma=1.0, min_hairpin=3, num_chu
 # sampling
 # --------------------------------------------------------------------------- #
 
-_Z, _ZN, _P, _DONE = 0, 1, 2, 3  # traceback states: which chart cell is being expanded
+#: Samples per outside pass in :func:`sample_structures` are grouped so that the tiled
+#: charts hold at most about this many cells (memory, not speed, sets the group).
+SAMPLE_GROUP_CELLS = 1 << 24
 
 
-def _choose(logits, u):
-    """Index k with probability softmax(logits)[k], by inverting the CDF at u in [0, 1)."""
-    w = jnp.exp(logits - jnp.max(logits))
-    cdf = jnp.cumsum(w)
-    k = jnp.sum(cdf <= u * cdf[-1])
-    # Rounding can put u * total at the very end: never pick a zero-weight tail entry.
-    last = w.shape[0] - 1 - jnp.argmax(w[::-1] > 0)
-    return jnp.minimum(k, last).astype(jnp.int32)
+def pair_table_from_marks(marks, lengths):
+    """0/1 pair marks in the engine's width layout ``[..., L(d), L(i)]`` (pair (i, i+d))
+    -> pair tables ``[..., L]`` (partner or -1, -1 on padding)."""
+    length = marks.shape[-1]
+    lead = marks.shape[:-2]
+    marks = marks.reshape((-1, length, length))
+    opens = jnp.any(marks, axis=1)  # [N, i]
+    partner = jnp.arange(length)[None, :] + jnp.argmax(marks, axis=1)  # j = i + d
+    rows = jnp.arange(marks.shape[0])[:, None]
+    table = jnp.full(marks.shape[::2], -1, jnp.int32)
+    table = table.at[rows, jnp.where(opens, jnp.arange(length), length)].set(
+        jnp.where(opens, partner, -1).astype(jnp.int32), mode="drop")
+    table = table.at[rows, jnp.where(opens, partner, length)].set(
+        jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), opens.shape), mode="drop")
+    table = table.reshape(lead + (length,))
+    return jnp.where(jnp.arange(length) < lengths[..., None], table, -1)
 
 
-def _traceback(charts, stack_w, loop, n, key, min_hairpin):
-    """One exact sample for one sequence of length n from its log-semiring charts.
-
-    Cells are expanded top-down with the same recursions the inside pass summed:
-
-    * ``Z[i][j] = SUM_{k=i}^{j} F[i][k] + Z[k+1][j]`` (k = i: i unpaired; k > i: pair (i, k),
-      with ``F[i][k] = P[i][k]``; ``Zn`` is the same sum without k = j for j > i);
-    * ``P[i][j]``: stacked on ``P[i+1][j-1]`` or a loop over ``Zn[i+1][j-1]``.
-
-    Each alternative is drawn with probability ``e^{term - cell}``. Pending right parts
-    ``Z[k+1][j]`` of splits wait on an explicit stack. Each iteration consumes a base or
-    pops a span, so the loop runs at most about 2n times.
-    """
-    F, Zn, Zr = charts
-    length = F.shape[1] - 1
-    ks = jnp.arange(length)
-    neg_inf = jnp.array(-jnp.inf, F.dtype)
-
-    def split_logits(i, j, kmax):
-        left = F[jnp.clip(ks - i, 0, length), i]  # F[i][k] (row 0: unpaired x_i)
-        right = Zr[jnp.clip(length - (j - ks - 1), 0, Zr.shape[0] - 1), j]  # Z[k+1][j]; row L+1 = empty
-        return jnp.where((ks >= i) & (ks <= kmax), left + right, neg_inf)
-
-    def body(carry):
-        kind, i, j, stack, top, table, step = carry
-        u = jax.random.uniform(jax.random.fold_in(key, step), dtype=F.dtype)
-        # A non-empty Z / Zn span: leave i unpaired or pair it with some k.
-        kmax = jnp.where(kind == _Z, j, jnp.maximum(j - 1, i))
-        k = _choose(split_logits(i, j, kmax), u)
-        pairs_k = k > i
-        push = (kind < _P) & (i <= j) & pairs_k & (k < j)
-        stack = stack.at[top].set(jnp.where(push, jnp.stack([k + 1, j]).astype(jnp.int32), stack[top]))
-        span_next = (jnp.where(pairs_k, _P, _Z), jnp.where(pairs_k, i, i + 1), jnp.where(pairs_k, k, j))
-        # An empty span: resume the most recent pending one, or finish.
-        pop_next = (jnp.where(top > 0, _Z, _DONE), stack[top - 1, 0], stack[top - 1, 1])
-        # A pair (i, j): record it, then stack onto (i+1, j-1) or open a loop there.
-        d = j - i
-        stacked = jnp.where(d - 2 > min_hairpin, stack_w[d, i] + F[jnp.maximum(d - 2, 0), i + 1], neg_inf)
-        looped = loop + Zn[jnp.maximum(d - 1, 0), i + 1]
-        take_stack = u < jnp.exp(stacked - jnp.logaddexp(stacked, looped))
-        pair_next = (jnp.where(take_stack, _P, _ZN), i + 1, j - 1)
-        is_pair = kind == _P
-        table = jnp.where(is_pair, table.at[i].set(j).at[j].set(i), table)
-
-        is_empty = (kind < _P) & (i > j)
-        choose = lambda a, b, c: jnp.where(is_pair, c, jnp.where(is_empty, b, a))
-        kind, i, j = (choose(*options).astype(jnp.int32) for options in zip(span_next, pop_next, pair_next))
-        top = (top + push - (is_empty & (top > 0))).astype(jnp.int32)
-        return kind, i, j, stack, top, table, step + 1
-
-    stack = jnp.zeros((length + 1, 2), jnp.int32)
-    table = jnp.full((length,), -1, jnp.int32)
-    start = (jnp.where(n > 0, _Z, _DONE).astype(jnp.int32), jnp.int32(0), (n - 1).astype(jnp.int32), stack,
-             jnp.int32(0), table, jnp.int32(0))
-    return lax.while_loop(lambda c: c[0] != _DONE, body, start)[5]
-
-
-@functools.partial(jax.jit, static_argnames=("num_samples", "min_hairpin", "num_chunks"))
-def _sample(key, params, tokens, lengths, phi, *, num_samples, min_hairpin, num_chunks):
-    charts = inside_charts(params, tokens, phi=phi, min_hairpin=min_hairpin, semiring="log", num_chunks=num_chunks)
-    _, stack_w, _, loop = cell_scores(params, tokens, phi)
-    keys = jax.vmap(lambda b: jax.random.split(jax.random.fold_in(key, b), num_samples))(jnp.arange(tokens.shape[0]))
-    per_sample = jax.vmap(_traceback, in_axes=(None, None, None, None, 0, None))
-    per_sequence = jax.vmap(per_sample, in_axes=(0, 0, None, 0, 0, None))
-    return per_sequence(charts, stack_w, loop, lengths, keys, min_hairpin)
+@functools.partial(jax.jit, static_argnames=("num_samples", "min_hairpin", "num_chunks", "group"))
+def _sample(key, params, tokens, lengths, phi, *, num_samples, min_hairpin, num_chunks, group):
+    inputs = cell_scores(params, tokens, phi)
+    problem = chart.Problem(stacking.StackingGrammar(min_hairpin), tokens.shape[1], num_chunks)
+    marks = chart.sample_pairs(problem, key, inputs, lengths, num_samples, group)  # [S, B, L, L]
+    tables = pair_table_from_marks(marks, jnp.broadcast_to(lengths, marks.shape[:2]))
+    return jnp.swapaxes(tables, 0, 1)
 
 
 def sample_structures(key, params, tokens, num_samples, lengths=None, *, phi=None, min_hairpin=3,
                       num_chunks=DEFAULT_NUM_CHUNKS):
     """``num_samples`` exact, independent samples from ``p(s | x) = e^{score(s)} / Z(x)``.
 
-    One inside pass (``layers.inside.inside_charts``), then a stochastic traceback per
-    sample (vectorised over samples and sequences; O(n L) work per sample).
+    One inside pass, then an outside pass in the sampling semiring per group of samples
+    (:func:`layers.chart.sample_pairs`: the adjoint goes to one alternative drawn from its
+    softmax share, a stochastic traceback written as the outside pass of the same
+    recursion). O(n^3) per sample, vectorised over samples and sequences.
 
     Args:
       key: a JAX PRNG key.
@@ -274,8 +227,11 @@ def sample_structures(key, params, tokens, num_samples, lengths=None, *, phi=Non
         raise ValueError(f"num_samples must be a non-negative int (static), got {num_samples!r}")
     params = check_params(params)
     tokens, lengths, phi, batched = _check_inputs(tokens, lengths, phi, min_hairpin)
-    if tokens.shape[1] == 0:
-        return jnp.zeros((tokens.shape[0], num_samples, 0) if batched else (num_samples, 0), jnp.int32)
-    run = functools.partial(_sample, num_samples=int(num_samples), min_hairpin=int(min_hairpin), num_chunks=num_chunks)
+    batch, length = tokens.shape
+    if length == 0 or num_samples == 0:
+        return jnp.zeros((batch, num_samples, length) if batched else (num_samples, length), jnp.int32)
+    group = int(max(1, min(num_samples, SAMPLE_GROUP_CELLS // max(1, batch * length * length))))
+    run = functools.partial(_sample, num_samples=int(num_samples), min_hairpin=int(min_hairpin),
+                            num_chunks=num_chunks, group=group)
     out = batch_sharded(run, tokens)(key, params, tokens, lengths, phi)
     return out if batched else out[0]

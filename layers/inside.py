@@ -9,15 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from layers import chart, stacking
 from layers.alphabet import NUM_TOKENS
-from layers.chart import inside_charts_from_scores, inside_from_scores
-
-PARAM_SHAPES = {
-    "stack": (NUM_TOKENS,) * 4,
-    "pair": (NUM_TOKENS,) * 2,
-    "unpaired": (NUM_TOKENS,),
-    "loop": (),
-}
+from layers.stacking import PARAM_SHAPES
 
 
 def check_params(params: Mapping) -> dict:
@@ -90,65 +84,13 @@ def _check_inputs(tokens, lengths, phi, min_hairpin):
     return tokens, lengths, phi, batched
 
 
-def _skew(x, length):
-    """[B, L, L] matrix -> [B, L(width d), L(start i)] with x[b, i, i + d] (0 past the end).
-
-    A pad and two reshapes instead of a gather: row i of ``x`` flattened with stride
-    ``L + 1`` puts ``x[i, i + d]`` at column d, and the transpose (the gradient) stays
-    a cheap reshape too, not a scatter-add (measured ~20 ms on a 32 x 256 batch).
-    """
-    batch = x.shape[0]
-    flat = jnp.pad(x.reshape(batch, length * length), ((0, 0), (0, length)))
-    rows = flat.reshape(batch, length, length + 1)[:, :, :length]  # [b, i, d]
-    past_end = np.arange(length)[None, :] + np.arange(length)[:, None] >= length  # [i, d]
-    return jnp.swapaxes(jnp.where(past_end, jnp.zeros_like(rows), rows), 1, 2)
-
-
-def _shear(v, length):
-    """[B, P] with P >= 2L -> [B, L(d), L(i)] with v[b, i + d] (a Hankel matrix, no gather)."""
-    batch, size = v.shape
-    tiled = jnp.broadcast_to(v[:, None, :], (batch, length, size)).reshape(batch, length * size)
-    tiled = jnp.pad(tiled, ((0, 0), (0, length)))
-    return tiled.reshape(batch, length, size + 1)[:, :, :length]
-
-
-def _lookup(table, indices):
-    """table[indices...] for a small replicated table and (possibly sharded) token indices.
-
-    The result takes the indices' sharding, so the gather also works when the batch
-    is sharded over an explicit mesh (``jax.make_mesh`` + ``jax.set_mesh``).
-    """
-    flat = indices[0]
-    for size, index in zip(table.shape[1:], indices[1:]):
-        flat = flat * size + index
-    return table.reshape(-1).at[flat].get(out_sharding=jax.typeof(flat).sharding)
-
-
 def cell_scores(params, tokens, phi=None):
-    """Per-cell scores in the engine's width layout (all differentiable gathers).
+    """The stacking grammar's engine inputs (see :func:`layers.stacking.cell_scores`)."""
+    return stacking.cell_scores(params, tokens, phi)
 
-    tokens: int [B, L]; phi: [B, L, L] or None. Returns ``(pair_w, stack_w, unpaired, loop)``:
-    ``pair_w[b, d, i] = pair[x_i, x_j] + phi[i, j]`` and
-    ``stack_w[b, d, i] = stack[x_i, x_j, x_{j-1}, x_{i+1}]`` with ``j = i + d``, and
-    ``unpaired[b, i] = unpaired[x_i]``.
-    """
-    length = tokens.shape[1]
-    dtype = _result_dtype(params)
-    x = jnp.clip(tokens, 0, NUM_TOKENS - 1)  # [B, L]
-    padded = jnp.concatenate([x, jnp.full((x.shape[0], length + 1), NUM_TOKENS - 1, x.dtype)], axis=1)
-    shape = (x.shape[0], length, length)
-    x_i = jnp.broadcast_to(x[:, None, :], shape)
-    x_ip1 = jnp.broadcast_to(padded[:, None, 1 : length + 1], shape)
-    x_j = _shear(padded, length)
-    # x_{j-1}; at d = 0 (never a pair) any token will do.
-    x_jm1 = _shear(jnp.concatenate([padded[:, :1], padded], axis=1), length)
-    pair_w = _lookup(params["pair"].astype(dtype), (x_i, x_j))
-    if phi is not None:
-        pair_w = pair_w + _skew(phi.astype(dtype), length)
-    stack_w = _lookup(params["stack"].astype(dtype), (x_i, x_j, x_jm1, x_ip1))
-    unpaired = _lookup(params["unpaired"].astype(dtype), (x,))
-    loop = params["loop"].astype(dtype)
-    return pair_w, stack_w, unpaired, loop
+
+def _problem(grammar, length, num_chunks):
+    return chart.Problem(grammar, int(length), None if num_chunks is None else int(num_chunks))
 
 
 @functools.partial(jax.jit, static_argnames=("min_hairpin", "semiring", "num_chunks"))
@@ -156,8 +98,9 @@ def _batched_value(params, tokens, lengths, phi, *, min_hairpin, semiring, num_c
     length = tokens.shape[1]
     if length == 0:
         return jnp.zeros(tokens.shape[0], _result_dtype(params))
-    pair_w, stack_w, unpaired, loop = cell_scores(params, tokens, phi)
-    return inside_from_scores(pair_w, stack_w, unpaired, loop, lengths, length, min_hairpin, semiring, num_chunks)
+    inputs = stacking.cell_scores(params, tokens, phi)
+    problem = _problem(stacking.StackingGrammar(min_hairpin), length, num_chunks)
+    return chart.value(problem, semiring, inputs, lengths)
 
 
 def _explicit_batch_spec(tokens):
@@ -227,10 +170,8 @@ def max_score(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chun
 
 
 def inside_charts(params, tokens, *, phi=None, min_hairpin=3, semiring="log", num_chunks=None):
-    """The filled charts ``(F, Zn, Zr)`` for batched tokens ``[B, L]`` (see ``chart.py``)."""
+    """The filled charts (a dict, engine layout; see ``layers/stacking.py``) for batched tokens [B, L]."""
     params = check_params(params)
     tokens, _, phi, _ = _check_inputs(tokens, None, phi, min_hairpin)
-    scores = cell_scores(params, tokens, phi)
-    return inside_charts_from_scores(
-        *scores, length=tokens.shape[1], min_hairpin=min_hairpin, semiring=semiring, num_chunks=num_chunks
-    )
+    problem = _problem(stacking.StackingGrammar(int(min_hairpin)), tokens.shape[1], num_chunks)
+    return chart.charts(problem, semiring, stacking.cell_scores(params, tokens, phi))

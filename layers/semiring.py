@@ -1,30 +1,92 @@
-"""Semirings: the two ways the chart engine combines alternatives.
+"""Semirings: how the chart engine combines the alternatives of a recursion.
 
-The engine is written once against this small interface; a semiring decides how
-alternatives are added (``plus``/``sum``) and, for the backward pass, how the
-adjoint of a sum is shared among its terms (``weights``):
+A grammar's recursion (``layers/stacking.py``, ``layers/turner.py``) is written once
+against this small interface: ``plus(a, b)`` for two alternatives, ``sum(x, axis)`` for
+many, and ``+`` of log-weights for a product. The semiring decides what a sum is and,
+through the derivative of its sum, how an adjoint is shared among the terms:
 
-* :data:`LOG` -- ``a (+) b = log(e^a + e^b)``: the chart holds log partition
-  functions; the adjoint of a term is its share ``exp(term - total)``, so the
-  gradient of log Z is the vector of expected feature counts (outside algorithm).
-* :data:`MAX` -- ``a (+) b = max(a, b)``: the chart holds best scores (Viterbi);
-  the adjoint goes to one arg-max term (ties: the first term), so the gradient is
-  the indicator of the best structure.
+* :data:`LOG` -- ``a (+) b = log(e^a + e^b)``: charts hold log partition functions and
+  the adjoint of a term is its softmax share ``exp(term - total)``, so the gradient of
+  log Z is the vector of expected feature counts (the outside algorithm).
+* :data:`MAX` -- ``a (+) b = max(a, b)``: charts hold best scores and the adjoint goes
+  to the first arg-max term, so the gradient is the indicator of the best structure.
+* :class:`SampleSemiring` -- the values of :data:`LOG`, but the adjoint goes to *one*
+  term drawn with probability ``exp(term - total)``: run backwards from the output
+  with adjoint 1, it marks the cells of one exact sample of ``p(s | x)`` (a stochastic
+  traceback written as an outside pass).
 
-Both are exact in floating point: no term can make a NaN, an all ``-inf`` sum is
-``-inf``, and weights are finite and lie in [0, 1].
+The derivative rules are ``jax.custom_jvp`` rules, so the recursions support forward
+mode, reverse mode (by transposition) and forward-over-reverse (Hessian-vector
+products). Each sum optionally takes ``known``, the total already computed by an
+earlier pass: the outside pass re-runs a diagonal's recursion under ``jax.vjp`` with
+the saved chart rows as ``known``, so a sum costs one exp pass (its shares) instead of
+being recomputed. Everything is exact in floating point: an all ``-inf`` sum is
+``-inf`` with zero shares, and no rule makes a NaN.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
+import jax
 import jax.numpy as jnp
 
+# ------------------------------------------------------------------------ log
 
-def _safe_max(x, axis):
-    top = jnp.max(x, axis=axis, keepdims=True)
-    return jnp.where(jnp.isfinite(top), top, jnp.zeros_like(top))
+def _finite_or_zero(x):
+    return jnp.where(jnp.isfinite(x), x, jnp.zeros_like(x))
+
+
+def _log_sum(x, axis):
+    top = _finite_or_zero(jnp.max(x, axis=axis, keepdims=True))
+    return jnp.squeeze(jnp.log(jnp.sum(jnp.exp(x - top), axis=axis, keepdims=True)) + top, axis)
+
+
+def _shares(x, total, axis):
+    """exp(x - total) with 0 where the total is -inf (no alternative): d total / d x."""
+    total = jnp.expand_dims(total, axis)
+    return jnp.where(total == -jnp.inf, jnp.zeros_like(x), jnp.exp(x - total))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _log_sum_known(x, known, axis):
+    return known
+
+
+@_log_sum_known.defjvp
+def _log_sum_known_jvp(axis, primals, tangents):
+    x, known = primals
+    x_dot, _ = tangents  # the total's own tangent is implied by x's
+    return known, jnp.sum(_shares(x, known, axis) * x_dot, axis=axis)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _log_sum_fresh(x, axis):
+    return _log_sum(x, axis)
+
+
+@_log_sum_fresh.defjvp
+def _log_sum_fresh_jvp(axis, primals, tangents):
+    (x,), (x_dot,) = primals, tangents
+    total = _log_sum(x, axis)
+    return total, jnp.sum(_shares(x, total, axis) * x_dot, axis=axis)
+
+
+@jax.custom_jvp
+def _log_plus(a, b, known):
+    return known
+
+
+@_log_plus.defjvp
+def _log_plus_jvp(primals, tangents):
+    a, b, known = primals
+    a_dot, b_dot, _ = tangents
+    finite = known != -jnp.inf
+    zero = jnp.zeros_like(known)
+    w_a = jnp.where(finite, jnp.exp(a - known), zero)
+    w_b = jnp.where(finite, jnp.exp(b - known), zero)
+    return known, w_a * a_dot + w_b * b_dot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,38 +95,69 @@ class LogSemiring:
 
     name: str = "log"
 
-    def plus(self, a, b):
-        return jnp.logaddexp(a, b)
+    def plus(self, a, b, known=None):
+        """``log(e^a + e^b)``."""
+        a, b = jnp.broadcast_arrays(a, b)
+        return _log_plus(a, b, jnp.logaddexp(a, b) if known is None else known)
 
-    def sum(self, x, axis=0):
-        # Two passes (max, then exp-sum) keep every exp argument <= 0.
-        top = _safe_max(x, axis)
-        total = jnp.log(jnp.sum(jnp.exp(x - top), axis=axis, keepdims=True)) + top
-        return jnp.squeeze(total, axis)
+    def sum(self, x, axis=0, known=None):
+        """``log sum_k e^{x_k}`` along ``axis`` (two passes: the max, then the shifted exp-sum)."""
+        return _log_sum_fresh(x, axis) if known is None else _log_sum_known(x, known, axis)
 
-    def sum_from_below(self, x, lower, axis=0):
+    def sum_from_below(self, x, lower, axis=0, known=None):
         """``sum(x, axis)`` in one exp pass, given ``lower <= sum(x, axis)``.
 
         Shifting by ``lower`` instead of the terms' max saves the max pass. The shifted
         sum is ``exp(total - lower) >= 1``, so nothing that matters underflows and its log
-        stays small (full precision); it overflows only when the total exceeds ``lower``
-        by ~88 (float32) or ~709 (float64). Returns ``(total, ok)``; where ``ok`` is
-        False the caller must use :meth:`sum` instead.
+        stays small; it overflows only when the total exceeds ``lower`` by ~88 (float32)
+        or ~709 (float64). Returns ``(total, ok)``; where ``ok`` is False the caller must
+        use :meth:`sum` instead.
         """
-        shift = jnp.expand_dims(lower, axis)
+        if known is not None:
+            return _log_sum_known(x, known, axis), jnp.ones(known.shape, bool)
+        shift = jnp.expand_dims(jax.lax.stop_gradient(lower), axis)
         total = jnp.squeeze(jnp.log(jnp.sum(jnp.exp(x - shift), axis=axis, keepdims=True)) + shift, axis)
-        return total, jnp.isfinite(total)
+        total = jax.lax.stop_gradient(total)
+        return _log_sum_known(x, total, axis), jnp.isfinite(total)
 
-    def weights(self, x, total, axis=0):
-        """d total / d x for ``total = sum(x, axis)``: softmax shares in [0, 1]."""
-        total = jnp.expand_dims(total, axis)
-        return jnp.where(total == -jnp.inf, 0.0, jnp.exp(x - total)).astype(x.dtype)
+    def for_diagonal(self, d):
+        return self
 
-    def pair_weights(self, a, b, total):
-        """d total / d a and d total / d b for ``total = plus(a, b)``."""
-        finite = total != -jnp.inf
-        zero = jnp.zeros_like(total)
-        return (jnp.where(finite, jnp.exp(a - total), zero), jnp.where(finite, jnp.exp(b - total), zero))
+
+# ------------------------------------------------------------------------ max
+
+def _first_argmax_mask(x, total, axis):
+    """One-hot of the first term equal to ``total`` along ``axis`` (ties: the first)."""
+    positions = jnp.arange(x.shape[axis]).reshape((-1,) + (1,) * (x.ndim - 1 - axis))
+    # A min-reduction over the tied positions (XLA's argmax is a much slower variadic reduce).
+    tied = jnp.where(x == jnp.expand_dims(total, axis), positions, x.shape[axis])
+    first = jnp.min(tied, axis=axis, keepdims=True)
+    return positions == first
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _max_sum(x, known, axis):
+    return known
+
+
+@_max_sum.defjvp
+def _max_sum_jvp(axis, primals, tangents):
+    x, known = primals
+    x_dot, _ = tangents
+    mask = _first_argmax_mask(x, known, axis)
+    return known, jnp.sum(jnp.where(mask, x_dot, jnp.zeros_like(x_dot)), axis=axis)
+
+
+@jax.custom_jvp
+def _max_plus(a, b):
+    return jnp.maximum(a, b)
+
+
+@_max_plus.defjvp
+def _max_plus_jvp(primals, tangents):
+    a, b = primals
+    a_dot, b_dot = tangents
+    return jnp.maximum(a, b), jnp.where(a >= b, a_dot, b_dot)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,24 +166,96 @@ class MaxSemiring:
 
     name: str = "max"
 
-    def plus(self, a, b):
-        return jnp.maximum(a, b)
+    def plus(self, a, b, known=None):
+        a, b = jnp.broadcast_arrays(a, b)
+        return _max_plus(a, b)
 
-    def sum(self, x, axis=0):
-        return jnp.max(x, axis=axis)
+    def sum(self, x, axis=0, known=None):
+        return _max_sum(x, jnp.max(x, axis=axis) if known is None else known, axis)
 
-    def weights(self, x, total, axis=0):
-        """One-hot of the first term that attains the maximum."""
-        positions = jnp.arange(x.shape[axis]).reshape((-1,) + (1,) * (x.ndim - 1 - axis))
-        # A min-reduction over the tied positions (XLA's argmax is a much slower variadic reduce).
-        tied = jnp.where(x == jnp.expand_dims(total, axis), positions, x.shape[axis])
-        first = jnp.min(tied, axis=axis, keepdims=True)
-        return (positions == first).astype(x.dtype)
+    def sum_from_below(self, x, lower, axis=0, known=None):
+        total = self.sum(x, axis, known)
+        return total, jnp.ones(total.shape, bool)
 
-    def pair_weights(self, a, b, total):
-        del total
-        first = (a >= b).astype(a.dtype)
-        return first, 1 - first
+    def for_diagonal(self, d):
+        return self
+
+
+# --------------------------------------------------------------------- sample
+
+def _sampled_mask(x, total, u, axis):
+    """One-hot of a term drawn with probability exp(x - total), by inverting the CDF at u."""
+    w = _shares(x, total, axis)
+    cdf = jnp.cumsum(w, axis=axis)
+    mass = jnp.take(cdf, jnp.array([-1]), axis=axis)
+    k = jnp.sum(cdf <= jnp.expand_dims(u, axis) * mass, axis=axis, keepdims=True)
+    # Rounding can put u * mass at the very end: never pick a zero-share tail entry.
+    positions = jnp.arange(x.shape[axis]).reshape((-1,) + (1,) * (x.ndim - 1 - axis))
+    last = jnp.max(jnp.where(w > 0, positions, 0), axis=axis, keepdims=True)
+    return positions == jnp.minimum(k, last)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _sample_sum(x, known, u, axis):
+    return known
+
+
+@_sample_sum.defjvp
+def _sample_sum_jvp(axis, primals, tangents):
+    x, known, u = primals
+    x_dot = tangents[0]
+    mask = _sampled_mask(x, known, u, axis)
+    return known, jnp.sum(jnp.where(mask, x_dot, jnp.zeros_like(x_dot)), axis=axis)
+
+
+@jax.custom_jvp
+def _sample_plus(a, b, known, u):
+    return known
+
+
+@_sample_plus.defjvp
+def _sample_plus_jvp(primals, tangents):
+    a, b, known, u = primals
+    a_dot, b_dot = tangents[:2]
+    w_a = jnp.where(known != -jnp.inf, jnp.exp(a - known), jnp.zeros_like(known))
+    return known, jnp.where(u < w_a, a_dot, b_dot)
+
+
+class SampleSemiring:
+    """LOG's values; adjoints go to one term drawn from the softmax (exact sampling).
+
+    ``SampleSemiring(key)`` draws fresh uniforms for every sum of every diagonal:
+    :meth:`for_diagonal` folds the diagonal into the key and each sum call folds a
+    counter (the recursion is traced in a fixed order, so the draws are reproducible).
+    """
+
+    name = "sample"
+
+    def __init__(self, key):
+        self.key = key
+        self._calls = 0
+
+    def for_diagonal(self, d):
+        return SampleSemiring(jax.random.fold_in(self.key, d))
+
+    def _uniform(self, shape, dtype):
+        # Draws live in their own branch of the key, apart from the diagonals' keys.
+        self._calls += 1
+        draws = jax.random.fold_in(jax.random.fold_in(self.key, 0x7FFFFFFF), self._calls)
+        return jax.random.uniform(draws, shape, dtype)
+
+    def plus(self, a, b, known=None):
+        a, b = jnp.broadcast_arrays(a, b)
+        total = jnp.logaddexp(a, b) if known is None else known
+        return _sample_plus(a, b, total, self._uniform(total.shape, total.dtype))
+
+    def sum(self, x, axis=0, known=None):
+        total = _log_sum(x, axis) if known is None else known
+        return _sample_sum(x, total, self._uniform(total.shape, total.dtype), axis)
+
+    def sum_from_below(self, x, lower, axis=0, known=None):
+        total = self.sum(x, axis, known)
+        return total, jnp.ones(total.shape, bool)
 
 
 LOG = LogSemiring()

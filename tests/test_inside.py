@@ -286,13 +286,6 @@ def test_one_pass_sum_overflow_falls_back_to_the_exact_two_pass_sum():
         np.testing.assert_allclose(g32, g64, atol=2e-3)
 
 
-def test_forward_mode_is_a_clear_error():
-    params = random_params(np.random.default_rng(0))
-    tokens = layers.encode("GGGAAACCC")
-    with pytest.raises(TypeError, match="forward-mode|jvp"):
-        jax.jvp(lambda p: layers.log_partition(p, tokens), (params,), (params,))
-
-
 def test_bad_inputs_give_clear_errors():
     params = random_params(np.random.default_rng(0))
     with pytest.raises(ValueError, match=r"'X' at position 3"):
