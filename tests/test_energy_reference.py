@@ -1,0 +1,545 @@
+"""The float64 Turner 2004 evaluator (layers/energy_reference.py) against ViennaRNA 2.x.
+
+Oracles: ``fc.eval_structure_pt`` (integer dcal/mol, exact) for the energy of a structure,
+``fc.eval_loop_pt`` per loop, ViennaRNA's partition function with ``md.pf_smooth = 0`` for the
+``pf=True`` energies (brute force over all structures of short sequences, and one structure at a
+time on long ones by hard constraints that allow only that structure), read in double precision
+from ``fc.exp_matrices`` (``fc.pf()`` returns a C float). Sequences are given to ViennaRNA with U
+(it does not read T as U when it looks up special hairpins) and with IUPAC codes as they are (it
+reads them as N, like foldax).
+
+The helpers here (``vienna_*``, ``random_shape``, ``fit_sequence``, ``constructed_cases``) are
+shared with tests/test_energy.py.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+import jax
+
+from layers.alphabet import encode
+from layers.dotbracket import StructureError, from_dot_bracket
+from layers.energy_params import KT, PAIR_INDEX, load_parameter_file, save_parameter_file, turner2004
+from layers.energy_reference import (
+    brute_force_ensemble_free_energy,
+    enumerate_turner_structures,
+    numpy_params,
+    reference_free_energy,
+    reference_loop_energies,
+)
+
+jax.config.update("jax_enable_x64", True)
+
+CANONICAL = ("CG", "GC", "GU", "UG", "AU", "UA")
+IUPAC = "NRYKMSWBDHV"
+
+# --------------------------------------------------------------------------- #
+# helpers (also used by tests/test_energy.py)
+# --------------------------------------------------------------------------- #
+
+
+def vienna_md(RNA, *, pf_smooth=0):
+    md = RNA.md()
+    md.uniq_ML = 1  # needed by fc.pbacktrack
+    md.pf_smooth = pf_smooth
+    return md
+
+
+def vienna_rna_sequence(seq: str) -> str:
+    """What to give ViennaRNA for a foldax sequence: upper case, T -> U (IUPAC codes stay)."""
+    return seq.upper().replace("T", "U")
+
+
+def vienna_eval(RNA, seq: str, db: str, md=None) -> float:
+    """ViennaRNA's energy of ``db`` in kcal/mol, exact (integer dcal/mol / 100)."""
+    fc = RNA.fold_compound(vienna_rna_sequence(seq), md or vienna_md(RNA))
+    return fc.eval_structure_pt(RNA.ptable(db)) / 100
+
+
+def vienna_log_q(fc) -> float:
+    """ln Q of a fold compound after ``fc.pf()``, in double precision."""
+    n = fc.length
+    return math.log(fc.exp_matrices.q1k[n] / fc.exp_matrices.scale[n])
+
+
+def vienna_ensemble_energy(RNA, seq: str, md=None) -> float:
+    """-kT ln Q (kcal/mol) of ViennaRNA's partition function, in double precision."""
+    fc = RNA.fold_compound(vienna_rna_sequence(seq), md or vienna_md(RNA))
+    fc.pf()
+    return -fc.exp_params.kT / 1000 * vienna_log_q(fc)
+
+
+def vienna_pf_energy(RNA, seq: str, db: str, md=None) -> float:
+    """The energy ViennaRNA's partition function gives the single structure ``db``: its pf over
+    the hard constraints that allow nothing but ``db``."""
+    fc = RNA.fold_compound(vienna_rna_sequence(seq), md or vienna_md(RNA))
+    fc.hc_add_from_db(db.replace(".", "x"), RNA.CONSTRAINT_DB_DEFAULT | RNA.CONSTRAINT_DB_ENFORCE_BP)
+    fc.pf()
+    return -fc.exp_params.kT / 1000 * vienna_log_q(fc)
+
+
+def _loop_sizes(rng: random.Random, available: int, max_loop: int | None) -> tuple[int, int]:
+    """Unpaired sizes (n1, n2) of an interior loop/bulge: mostly small, sometimes large."""
+    cap = available if max_loop is None else min(available, max_loop)
+    roll = rng.random()
+    if roll < 0.25:
+        n1, n2 = rng.choice([(0, 1), (1, 0), (1, 1), (1, 2), (2, 1), (2, 2), (2, 3), (3, 2)])
+    elif roll < 0.5:
+        n1, n2 = rng.randint(0, 1), rng.randint(3, 8)
+        n1, n2 = (n1, n2) if rng.random() < 0.5 else (n2, n1)
+    elif roll < 0.9:
+        n1, n2 = rng.randint(0, 6), rng.randint(0, 6)
+    else:
+        n1, n2 = rng.randint(0, 40), rng.randint(0, 40)
+    while n1 + n2 > cap:
+        n1, n2 = n1 // 2, n2 // 2
+    if n1 + n2 == 0 and rng.random() < 0.5:
+        pass  # a stack
+    return n1, n2
+
+
+def random_shape(rng: random.Random, n: int, *, max_loop: int | None = None) -> str:
+    """A random dot-bracket string of length ``n`` (hairpins >= 3) with every kind of loop:
+    stacks, bulges, 1x1..2x3, 1xn and generic interior loops (larger than 30 unless ``max_loop``),
+    multiloops with 0..several unpaired bases between branches, stems at the sequence ends."""
+
+    def region(m: int, min_stems: int = 0) -> str:
+        """m positions holding unpaired runs and stems (at least min_stems if room)."""
+        out, left, stems = [], m, 0
+        while left > 0:
+            if left < 5 or (stems >= min_stems and rng.random() < 0.15):
+                run = left if left < 5 else rng.randint(0, min(left, 4))
+                out.append("." * run)
+                left -= run
+                if left < 5:
+                    out.append("." * left)
+                    break
+                continue
+            gap = rng.choice([0, 0, 1, 2, 3]) if left > 8 else 0
+            gap = min(gap, left - 5)
+            out.append("." * gap)
+            left -= gap
+            reserve = 5 * max(0, min_stems - stems - 1)
+            size = rng.randint(5, max(5, left - reserve)) if rng.random() < 0.5 else min(left - reserve, rng.randint(5, 40))
+            size = max(5, min(size, left))
+            out.append(stem(size))
+            left -= size
+            stems += 1
+        return "".join(out)
+
+    def stem(m: int) -> str:
+        """A pair enclosing m - 2 positions."""
+        inside = m - 2
+        roll = rng.random()
+        if inside < 5 or roll < 0.12:
+            return "(" + "." * inside + ")"  # hairpin (long ones included)
+        if roll < 0.5:
+            return "(" + stem(inside) + ")"  # stacked pair
+        if roll < 0.8 or inside < 12:
+            n1, n2 = _loop_sizes(rng, inside - 5, max_loop)
+            return "(" + "." * n1 + stem(inside - n1 - n2) + "." * n2 + ")"
+        return "(" + region(inside, min_stems=2) + ")"  # multiloop
+
+    db = region(n)
+    assert len(db) == n, (n, db)
+    return db
+
+
+def fit_sequence(rng: random.Random, db: str, *, odd_rate: float = 0.05) -> str:
+    """A sequence on which ``db`` has canonical pairs only; unpaired bases random over ACGU and,
+    at ``odd_rate``, N or another IUPAC code (or T for U, lower case)."""
+    pt = from_dot_bracket(db)
+    seq = [""] * len(db)
+    for i, j in enumerate(pt.tolist()):
+        if j > i:
+            seq[i], seq[j] = rng.choice(CANONICAL)
+        elif j < 0:
+            seq[i] = rng.choice(IUPAC) if rng.random() < odd_rate else rng.choice("ACGU")
+    if rng.random() < 0.1:
+        seq = [c.lower() if rng.random() < 0.3 else c for c in seq]
+    if rng.random() < 0.1:
+        seq = ["T" if c == "U" else c for c in seq]
+    return "".join(seq)
+
+
+def special_hairpin_cases(params) -> list[tuple[str, str]]:
+    """Every special hairpin alone, inside a helix, and with unpaired flanks."""
+    cases = []
+    for key in params["special_hairpins"]:
+        loop = "(" + "." * (len(key) - 2) + ")"
+        cases += [(key, loop), ("GC" + key + "GC", "((" + loop + "))"), ("A" + key + "UAG", "." + loop + "...")]
+        cases.append(("AGU" + key + "ACU", ".((" + loop + "))."))
+    return cases
+
+
+def constructed_cases(rng: random.Random, *, max_loop: int | None = None, per_kind: int = 1) -> list[tuple[str, str]]:
+    """(sequence, structure) pairs built to hit every loop type: hairpins 3..40 and 100, every
+    interior-loop size (n1, n2) in 0..8 x 0..8 plus large and asymmetric ones, multiloops with
+    2..5 branches and 0..3 unpaired bases between them, exterior stems at either end or both."""
+    shapes = []
+    for u in list(range(3, 41)) + [64, 100]:
+        shapes += ["((" + "." * u + "))", "." + "(" + "." * u + ")", "(" + "." * u + ")" + ".."]
+    sizes = [(a, b) for a in range(9) for b in range(9)] + [(0, 29), (0, 30), (0, 31), (0, 45), (1, 29), (29, 1),
+                                                            (1, 30), (30, 1), (15, 15), (16, 15), (20, 25), (1, 40)]
+    for n1, n2 in sizes:
+        if max_loop is not None and n1 + n2 > max_loop:
+            continue
+        shapes.append("((" + "." * n1 + "((...))" + "." * n2 + "))")
+        shapes.append("." + "(" + "." * n1 + "(((....)))" + "." * n2 + ")" + ".")
+    for branches in range(2, 6):
+        for gap in range(4):
+            inner = ("." * gap).join(["((...))"] * branches)
+            shapes += ["(" + "." * gap + inner + "." * gap + ")", "(" + inner + ")..", "((" + "." + inner + "))"]
+    shapes += ["(...)(...)", "(...).(...)", "..(...)..(...)..", "((...))((...))", "(((...)))"]
+    cases = []
+    for shape in shapes:
+        for _ in range(per_kind):
+            cases.append((fit_sequence(rng, shape), shape))
+    return cases
+
+
+def pbacktrack_cases(RNA, rng: random.Random, lengths, samples: int, md=None) -> list[tuple[str, str]]:
+    """Structures drawn from ViennaRNA's Boltzmann ensemble of random sequences."""
+    cases = []
+    for n in lengths:
+        letters = "ACGU" if rng.random() < 0.7 else "ACGUACGUN"
+        seq = "".join(rng.choice(letters) for _ in range(n))
+        fc = RNA.fold_compound(seq, md or vienna_md(RNA))
+        fc.pf()
+        cases += [(seq, db) for db in fc.pbacktrack(samples)]
+    return cases
+
+
+# --------------------------------------------------------------------------- #
+# fixtures
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture
+def RNA():
+    """The ViennaRNA module with Turner 2004 loaded (and restored afterwards)."""
+    module = pytest.importorskip("RNA")
+    module.params_load_RNA_Turner2004()
+    yield module
+    module.params_load_RNA_Turner2004()
+
+
+@pytest.fixture(scope="module")
+def turner():
+    return numpy_params(turner2004(np.float64))
+
+
+@pytest.fixture(scope="module")
+def par_files(tmp_path_factory):
+    """Andronescu 2007 and Langdon 2018 as ViennaRNA writes them (the wheel ships no .par files)."""
+    module = pytest.importorskip("RNA")
+    folder = tmp_path_factory.mktemp("par")
+    files = {}
+    for name, load in (("andronescu2007", module.params_load_RNA_Andronescu2007), ("langdon2018", module.params_load_RNA_Langdon2018)):
+        load()
+        files[name] = folder / f"rna_{name}.par"
+        assert module.params_save(str(files[name]))
+    module.params_load_RNA_Turner2004()
+    return files
+
+
+def _check_cases(RNA, params, cases, *, loops: bool = False) -> int:
+    """Asserts reference == ViennaRNA eval on every case (and per loop if ``loops``)."""
+    md = vienna_md(RNA)
+    for seq, db in cases:
+        fc = RNA.fold_compound(vienna_rna_sequence(seq), md)
+        pt = RNA.ptable(db)
+        expected = fc.eval_structure_pt(pt) / 100
+        got = reference_free_energy(params, seq, db)
+        if expected >= 1e5:  # ViennaRNA's INF: a forbidden loop
+            assert got == math.inf, (seq, db)
+            continue
+        assert abs(got - expected) <= 1e-6, (seq, db, got, expected, _loop_diff(RNA, fc, params, seq, db))
+        if loops:
+            for loop in reference_loop_energies(params, seq, db):
+                closing = 0 if loop.pair is None else loop.pair[0] + 1
+                assert abs(loop.energy - fc.eval_loop_pt(closing, pt) / 100) <= 1e-6, (seq, db, loop)
+    return len(cases)
+
+
+def _loop_diff(RNA, fc, params, seq, db):
+    pt = RNA.ptable(db)
+    out = []
+    for loop in reference_loop_energies(params, seq, db):
+        closing = 0 if loop.pair is None else loop.pair[0] + 1
+        vienna = fc.eval_loop_pt(closing, pt) / 100
+        if abs(vienna - loop.energy) > 1e-9:
+            out.append((loop.kind, loop.pair, loop.energy, vienna))
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# eval: reference == fc.eval_structure
+# --------------------------------------------------------------------------- #
+
+
+def test_constructed_loops_match_vienna_eval(RNA, turner):
+    rng = random.Random(11)
+    cases = constructed_cases(rng) + special_hairpin_cases(turner)
+    assert _check_cases(RNA, turner, cases, loops=True) > 400
+
+
+def test_every_special_hairpin_is_used(RNA, turner):
+    """Each special hairpin gets its tabulated energy (not the generic formula) in both."""
+    for key, energy in turner["special_hairpins"].items():
+        loop = "(" + "." * (len(key) - 2) + ")"
+        assert reference_free_energy(turner, key, loop) == pytest.approx(energy + _exterior_of(turner, key), abs=1e-12)
+        assert vienna_eval(RNA, key, loop) == pytest.approx(energy + _exterior_of(turner, key), abs=1e-9)
+
+
+def _exterior_of(params, key):
+    t = PAIR_INDEX[encode(key[0])[0], encode(key[-1])[0]]
+    return params["terminal_au"] if t >= 2 else 0.0
+
+
+def test_pbacktrack_sample_matches_vienna_eval(RNA, turner):
+    rng = random.Random(3)
+    cases = pbacktrack_cases(RNA, rng, [rng.randint(1, 120) for _ in range(30)], 5)
+    cases += [(fit_sequence(rng, db), db) for db in (random_shape(rng, rng.randint(1, 150)) for _ in range(60))]
+    assert _check_cases(RNA, turner, cases) >= 150
+
+
+@pytest.mark.slow
+def test_sweep_2000_structures_lengths_1_to_500(RNA, turner):
+    rng = random.Random(2024)
+    lengths = [1, 2, 3, 4, 5, 6, 500] + [rng.randint(1, 500) for _ in range(120)]
+    cases = pbacktrack_cases(RNA, rng, lengths, 8)
+    cases += [(fit_sequence(rng, db), db) for db in (random_shape(rng, rng.randint(1, 500)) for _ in range(500))]
+    cases += constructed_cases(rng, per_kind=2) + special_hairpin_cases(turner)
+    assert _check_cases(RNA, turner, cases) >= 2000
+
+
+@pytest.mark.parametrize("name", ["andronescu2007", "langdon2018"])
+def test_other_parameter_sets_match_vienna_eval(RNA, par_files, name):
+    params = numpy_params(load_parameter_file(par_files[name], dtype=np.float64))
+    RNA.params_load(str(par_files[name]))
+    rng = random.Random(7)
+    cases = pbacktrack_cases(RNA, rng, [rng.randint(1, 100) for _ in range(15)], 4)
+    cases += constructed_cases(rng)[::3] + special_hairpin_cases(params)
+    assert _check_cases(RNA, params, cases) > 200
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["andronescu2007", "langdon2018"])
+def test_other_parameter_sets_sweep(RNA, par_files, name):
+    params = numpy_params(load_parameter_file(par_files[name], dtype=np.float64))
+    RNA.params_load(str(par_files[name]))
+    rng = random.Random(8)
+    cases = pbacktrack_cases(RNA, rng, [rng.randint(1, 400) for _ in range(60)], 6)
+    cases += [(fit_sequence(rng, db), db) for db in (random_shape(rng, rng.randint(1, 400)) for _ in range(200))]
+    cases += constructed_cases(rng)
+    assert _check_cases(RNA, params, cases) > 800
+
+
+def test_random_parameters_round_trip_through_vienna(RNA, tmp_path):
+    """Random tables saved as .par and loaded by ViennaRNA: its eval equals the reference on the
+    tables foldax reads back (which hold what ViennaRNA derives: int22 N entries, clipped dangles)."""
+    params = _random_params(np.random.default_rng(5))
+    path = tmp_path / "random.par"
+    with pytest.warns(UserWarning):
+        save_parameter_file(params, path)
+    back = numpy_params(load_parameter_file(path, dtype=np.float64))
+    RNA.params_load(str(path))
+    rng = random.Random(9)
+    cases = constructed_cases(rng)[::2] + [(fit_sequence(rng, db), db) for db in (random_shape(rng, rng.randint(5, 150)) for _ in range(40))]
+    assert _check_cases(RNA, back, cases) > 200
+
+
+def _random_params(rng: np.random.Generator) -> dict:
+    """Turner 2004 with every finite entry replaced by a random integer in dcal/mol (so the
+    .par format holds it exactly); ninio > max_ninio so that the 2x3 eval/pf difference shows."""
+    base = turner2004(np.float64)
+    out = {}
+    for key, value in base.items():
+        if key == "special_hairpins":
+            out[key] = {seq: np.float64(rng.integers(-300, 600) / 100) for seq in value}
+        elif key == "lxc":
+            out[key] = np.float64(value)  # ViennaRNA's reader ignores lxc
+        else:
+            value = np.asarray(value)
+            noise = rng.integers(-400, 400, size=value.shape) / 100
+            out[key] = np.where(np.isinf(value), np.inf, noise) if value.ndim else np.float64(noise)
+    out["ninio"], out["max_ninio"] = np.float64(1.7), np.float64(1.2)
+    for key in ("hairpin", "bulge", "interior"):
+        out[key] = np.where(np.isinf(base[key]), np.inf, np.abs(out[key]) + 1.0)
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# pf: reference(pf=True) == ViennaRNA's partition function
+# --------------------------------------------------------------------------- #
+
+
+def _brute_force_cases(rng, count, n_max):
+    """Random sequences of 1..n_max nt; every 4th with N, every 5th GC-rich (many structures)."""
+    for trial in range(count):
+        n = rng.randint(1, n_max)
+        letters = "ACGUN" if trial % 4 == 0 else "GGCCAU" if trial % 5 == 0 else "ACGU"
+        yield "".join(rng.choice(letters) for _ in range(n))
+
+
+def _assert_close_energy(got, expected, rel=1e-9):
+    # G = -kT ln Q; ln Q compared at 1e-9 relative (absolute near 0, where ln Q -> 0)
+    assert abs(got - expected) / KT <= rel * max(1.0, abs(expected) / KT), (got, expected)
+
+
+def test_brute_force_partition_function_matches_vienna(RNA, turner):
+    rng = random.Random(1)
+    for seq in _brute_force_cases(rng, 25, 14):
+        _assert_close_energy(brute_force_ensemble_free_energy(turner, seq), vienna_ensemble_energy(RNA, seq))
+
+
+@pytest.mark.slow
+def test_brute_force_partition_function_up_to_18(RNA, turner):
+    rng = random.Random(2)
+    for seq in _brute_force_cases(rng, 60, 18):
+        _assert_close_energy(brute_force_ensemble_free_energy(turner, seq), vienna_ensemble_energy(RNA, seq))
+
+
+def test_brute_force_with_other_parameter_sets(RNA, par_files):
+    rng = random.Random(4)
+    for name, path in par_files.items():
+        params = numpy_params(load_parameter_file(path, dtype=np.float64))
+        RNA.params_load(str(path))
+        for seq in _brute_force_cases(rng, 6, 13):
+            _assert_close_energy(brute_force_ensemble_free_energy(params, seq), vienna_ensemble_energy(RNA, seq))
+
+
+def test_enumeration_counts_match_vienna(RNA):
+    """The enumerated folding space is ViennaRNA's: the structures its subopt lists with an
+    unbounded energy band."""
+    rng = random.Random(6)
+    for seq in _brute_force_cases(rng, 8, 12):
+        fc = RNA.fold_compound(seq, vienna_md(RNA))
+        subopt = {s.structure for s in fc.subopt(100000)}
+        ours = set()
+        for pairs in enumerate_turner_structures(seq):
+            db = ["."] * len(seq)
+            for i, j in pairs:
+                db[i], db[j] = "(", ")"
+            ours.add("".join(db))
+        assert ours == subopt, seq
+
+
+def test_pf_energy_of_single_structures(RNA, turner):
+    """pf=True equals the energy ViennaRNA's partition function gives each structure, including
+    hairpins longer than 30 (untruncated extrapolation) where it differs from eval."""
+    rng = random.Random(12)
+    cases = [(fit_sequence(rng, db), db) for db in (random_shape(rng, rng.randint(5, 250), max_loop=30) for _ in range(25))]
+    cases += [(fit_sequence(rng, db), db) for db in ("(((" + "." * u + ")))" for u in (31, 32, 33, 40, 61, 150))]
+    differ = 0
+    for seq, db in cases:
+        got = reference_free_energy(turner, seq, db, pf=True)
+        assert abs(got - vienna_pf_energy(RNA, seq, db)) <= 1e-9 * max(1.0, abs(got)), (seq, db)
+        differ += abs(got - reference_free_energy(turner, seq, db)) > 1e-9
+    assert differ >= 6  # the long hairpins
+
+
+def test_pf_energy_2x3_ninio_cap(RNA, tmp_path):
+    """With ninio > max_ninio the pf caps the 2x3 ninio term and eval does not."""
+    params = _random_params(np.random.default_rng(13))
+    path = tmp_path / "ninio.par"
+    with pytest.warns(UserWarning):
+        save_parameter_file(params, path)
+    back = numpy_params(load_parameter_file(path, dtype=np.float64))
+    RNA.params_load(str(path))
+    rng = random.Random(14)
+    for shape in ("((..((...))...))", "((...((...))..))", "(((...((((...))))..)))", "(..((.....))...)"):
+        seq = fit_sequence(rng, shape, odd_rate=0.0)
+        ev, pf = reference_free_energy(back, seq, shape), reference_free_energy(back, seq, shape, pf=True)
+        assert ev == pytest.approx(vienna_eval(RNA, seq, shape), abs=1e-9)
+        assert pf == pytest.approx(vienna_pf_energy(RNA, seq, shape), abs=1e-9)
+        assert ev - pf == pytest.approx(back["ninio"] - back["max_ninio"], abs=1e-9)
+
+
+def test_soft_constraint_semantics(RNA, turner):
+    """fc.sc_add_bp(i+1, j+1, e) adds e once per occurrence of (i, j): eval, and the pf equals the
+    brute force with phi[i, j] = -e / kT (what the issue's phi tests rely on)."""
+    rng = random.Random(15)
+    for seq in _brute_force_cases(rng, 6, 13):
+        x = encode(seq)
+        n = len(seq)
+        phi = np.zeros((n, n))
+        fc = RNA.fold_compound(seq, vienna_md(RNA))
+        for i in range(n):
+            for j in range(i + 4, n):
+                if PAIR_INDEX[x[i], x[j]] >= 0 and rng.random() < 0.4:
+                    e = rng.randint(-300, 300) / 100
+                    fc.sc_add_bp(i + 1, j + 1, e)
+                    phi[i, j] = -e / KT
+        for pairs in list(enumerate_turner_structures(seq))[:40]:
+            db = ["."] * n
+            for i, j in pairs:
+                db[i], db[j] = "(", ")"
+            expected = reference_free_energy(turner, seq, list(pairs)) - KT * sum(phi[i, j] for i, j in pairs)
+            assert fc.eval_structure_pt(RNA.ptable("".join(db))) / 100 == pytest.approx(expected, abs=1e-9)
+        fc.pf()
+        _assert_close_energy(
+            brute_force_ensemble_free_energy(turner, seq, phi=phi), -fc.exp_params.kT / 1000 * vienna_log_q(fc)
+        )
+
+
+# --------------------------------------------------------------------------- #
+# inputs and edge cases
+# --------------------------------------------------------------------------- #
+
+
+def test_structure_forms_and_sequence_letters_agree(turner):
+    db = "..((((...))..)).(((....)))"
+    seq = "AGGCGCAAAGCAAGCCUGGGAAACCC"
+    pt = from_dot_bracket(db)
+    pairs = [(i, int(j)) for i, j in enumerate(pt) if j > i]
+    energy = reference_free_energy(turner, seq, db)
+    assert reference_free_energy(turner, seq, pt) == energy
+    assert reference_free_energy(turner, seq, pairs) == energy
+    assert reference_free_energy(turner, encode(seq), db) == energy
+    assert reference_free_energy(turner, seq.lower().replace("u", "t"), db) == energy
+    # IUPAC codes read as N: the same energy as with N
+    odd = seq[:7] + "R" + seq[8:]
+    assert reference_free_energy(turner, odd, db) == reference_free_energy(turner, seq[:7] + "N" + seq[8:], db)
+
+
+def test_empty_and_unpaired(turner):
+    assert reference_free_energy(turner, "", "") == 0.0
+    assert reference_free_energy(turner, "ACGUN", ".....") == 0.0
+    assert reference_free_energy(turner, "ACGUN", []) == 0.0
+
+
+def test_forbidden_structures_are_infinite(turner):
+    assert reference_free_energy(turner, "GGAACC", "((..))") == math.inf  # hairpin of 2
+    assert reference_free_energy(turner, "GAAAAA", "(....)") == math.inf  # G-A
+    assert reference_free_energy(turner, "GNAAAC", ".(...)") == math.inf  # N pairs with nothing
+    assert reference_free_energy(turner, "GGAAAACA", "((....))") == math.inf  # inner G-A
+
+
+def test_bad_structures_raise(turner):
+    with pytest.raises(StructureError):
+        reference_free_energy(turner, "GGGAAACCC", "(((...))")
+    with pytest.raises(ValueError, match="length"):
+        reference_free_energy(turner, "GGGAAACCC", "((....))")
+    with pytest.raises(StructureError, match="crossing"):
+        reference_free_energy(turner, "GGGGAAAACCCC", [(0, 8), (4, 11)])
+    with pytest.raises(ValueError, match="invalid nucleotide"):
+        reference_free_energy(turner, "GGXAAACCC", ".........")
+
+
+def test_large_loop_truncation_matches_vienna_for_every_length(RNA, turner):
+    """trunc(100 lxc ln(n/30)) in float64 equals ViennaRNA's int cast for every loop length
+    that matters (checked through hairpins, bulges and interior loops of 31..600)."""
+    rng = random.Random(16)
+    cases = []
+    for u in range(31, 601, 7):
+        cases.append((fit_sequence(rng, "((" + "." * u + "))", odd_rate=0), "((" + "." * u + "))"))
+        cases.append((fit_sequence(rng, "((" + "." * u + "(((...)))))", odd_rate=0), "((" + "." * u + "(((...)))))"))
+        cases.append((fit_sequence(rng, "((" + "." * (u - 2) + "(((...)))..))", odd_rate=0), "((" + "." * (u - 2) + "(((...)))..))"))
+    assert _check_cases(RNA, turner, cases) == len(cases)
