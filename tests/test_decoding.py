@@ -123,13 +123,6 @@ def test_log_partition_gradients(h):
     np.testing.assert_allclose(grad_flat, fd, rtol=1e-6, atol=1e-9)
 
 
-def test_forward_mode_error_is_clear():
-    x = layers.encode("GGGAAACCC")
-    params = layers.default_params()
-    with pytest.raises(TypeError, match="forward-mode"):
-        jax.jvp(lambda p: layers.log_partition(p, x), (params,), (params,))
-
-
 # ------------------------------------------------------------------ best structure
 
 
