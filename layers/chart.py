@@ -279,7 +279,8 @@ def outside(problem: Problem, sr, inputs, charts, seeds):
 
 def _value(problem, sr, inputs, lengths):
     charts = fill(problem, sr, inputs)
-    return problem.grammar.output(sr, _arrays(inputs, charts), inputs["consts"], lengths, problem.length)
+    return problem.grammar.output(sr.for_output(), _arrays(inputs, charts), inputs["consts"], lengths,
+                                  problem.length)
 
 
 def _value_and_grad(problem, sr_in, sr_out, inputs, lengths, g_out):
@@ -288,7 +289,7 @@ def _value_and_grad(problem, sr_in, sr_out, inputs, lengths, g_out):
     charts = fill(problem, sr_in, inputs)
 
     def output(inputs, charts):
-        return grammar.output(sr_out, _arrays(inputs, charts), inputs["consts"], lengths, length)
+        return grammar.output(sr_out.for_output(), _arrays(inputs, charts), inputs["consts"], lengths, length)
 
     value, pullback = jax.vjp(output, inputs, charts)
     g_direct, seeds = pullback(g_out.astype(value.dtype))
@@ -442,7 +443,7 @@ def sample_pairs(problem: Problem, key, inputs, lengths, num_samples: int, group
         inputs_g, charts_g, lengths_g = jax.tree.map(tile, (inputs, charts, lengths))
 
         def output(inputs, charts):
-            return grammar.output(sr, _arrays(inputs, charts), inputs["consts"], lengths_g, length)
+            return grammar.output(sr.for_output(), _arrays(inputs, charts), inputs["consts"], lengths_g, length)
 
         value, pullback = jax.vjp(output, inputs_g, charts_g)
         g_direct, seeds = pullback(jnp.ones_like(value))

@@ -27,15 +27,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from layers import chart, stacking
+from layers import chart
 from layers.chart import DEFAULT_NUM_CHUNKS
 from layers.inside import (
     _batched_value,
     _check_inputs,
     _result_dtype,
     batch_sharded,
-    cell_scores,
     check_params,
+    engine_inputs,
 )
 
 
@@ -193,8 +193,7 @@ def pair_table_from_marks(marks, lengths):
 
 @functools.partial(jax.jit, static_argnames=("num_samples", "min_hairpin", "num_chunks", "group"))
 def _sample(key, params, tokens, lengths, phi, *, num_samples, min_hairpin, num_chunks, group):
-    inputs = cell_scores(params, tokens, phi)
-    problem = chart.Problem(stacking.StackingGrammar(min_hairpin), tokens.shape[1], num_chunks)
+    problem, inputs = engine_inputs(params, tokens, lengths, phi, min_hairpin=min_hairpin, num_chunks=num_chunks)
     marks = chart.sample_pairs(problem, key, inputs, lengths, num_samples, group)  # [S, B, L, L]
     tables = pair_table_from_marks(marks, jnp.broadcast_to(lengths, marks.shape[:2]))
     return jnp.swapaxes(tables, 0, 1)

@@ -1,4 +1,11 @@
-"""Public entry points of the DP: ``log_partition`` and ``max_score``."""
+"""Public entry points of the DP: ``log_partition`` and ``max_score``, for either grammar.
+
+The parameters choose the grammar: the stacking grammar's four score tensors
+(``layers.init_params``, ``layers.default_params``; ``layers/stacking.py``) or the Turner
+2004 energy tables (``layers.turner2004()``, ``layers.load_parameter_file``;
+``layers/turner.py``). Every function here and in ``layers.decoding`` / ``layers.structure``
+accepts both and behaves identically.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +16,33 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from layers import chart, stacking
+from layers import chart, stacking, turner
 from layers.alphabet import NUM_TOKENS
+from layers.energy_params import check_energy_params
 from layers.stacking import PARAM_SHAPES
 
 
+def is_energy_params(params) -> bool:
+    """True for Turner energy tables (``layers.turner2004()``), False for stacking scores."""
+    return isinstance(params, Mapping) and "mismatch_hairpin" in params
+
+
+def _leaf(value):
+    value = jnp.asarray(getattr(value, "value", value))  # accept nnx.Param leaves directly
+    return value if jnp.issubdtype(value.dtype, jnp.floating) else value.astype(jnp.float32)
+
+
 def check_params(params: Mapping) -> dict:
-    """Returns the four score tensors as a dict; raises a clear error on a bad one."""
+    """Returns the parameters as a plain dict of float arrays; raises a clear error on a bad one.
+
+    Stacking scores (``stack pair unpaired loop``) or Turner energy tables (see
+    :mod:`layers.energy_params`).
+    """
+    if is_energy_params(params):
+        params = {k: ({s: _leaf(e) for s, e in v.items()} if k == "special_hairpins" else _leaf(v))
+                  for k, v in params.items()}
+        check_energy_params(params)
+        return params
     if not isinstance(params, Mapping):
         raise TypeError(f"params must be a mapping with keys {sorted(PARAM_SHAPES)}, got {type(params).__name__}")
     missing = [k for k in PARAM_SHAPES if k not in params]
@@ -35,7 +62,7 @@ def check_params(params: Mapping) -> dict:
 
 
 def _result_dtype(params):
-    return jnp.result_type(*(params[k] for k in PARAM_SHAPES))
+    return jnp.result_type(*jax.tree.leaves(params))
 
 
 def _is_concrete(x):
@@ -58,10 +85,18 @@ def _check_inputs(tokens, lengths, phi, min_hairpin):
     batched = tokens.ndim == 2
     length = tokens.shape[-1]
     if not batched:
-        if lengths is not None:
-            raise ValueError("lengths is only for batched tokens [B, L]")
+        # One sequence; a scalar length (e.g. per example under jax.vmap) marks its padding.
+        if lengths is None:
+            lengths = jnp.full((1,), length, jnp.int32)
+        else:
+            lengths = jnp.asarray(lengths)
+            if lengths.shape != ():
+                raise ValueError(f"lengths must be a scalar for one sequence [n] (or [B] for tokens [B, L]), "
+                                 f"got shape {lengths.shape}")
+            if _is_concrete(lengths) and not 0 <= int(lengths) <= length:
+                raise ValueError(f"lengths = {int(lengths)} is outside 0..n = 0..{length}")
+            lengths = lengths.astype(jnp.int32)[None]
         tokens = tokens[None]
-        lengths = jnp.full((1,), length, jnp.int32)
     elif lengths is None:
         lengths = jnp.full((tokens.shape[0],), length, jnp.int32)
     else:
@@ -84,13 +119,27 @@ def _check_inputs(tokens, lengths, phi, min_hairpin):
     return tokens, lengths, phi, batched
 
 
+def _problem(grammar, length, num_chunks):
+    return chart.Problem(grammar, int(length), None if num_chunks is None else int(num_chunks))
+
+
+def engine_inputs(params, tokens, lengths, phi, *, min_hairpin, semiring="log", num_chunks=None):
+    """``(problem, inputs)`` for the chart engine (``layers.chart``): the grammar the
+    parameters belong to, with its per-cell scores for ``tokens`` [B, L] (checked params)."""
+    length = tokens.shape[1]
+    if is_energy_params(params):
+        problem = _problem(turner.TurnerGrammar(min_hairpin), length, num_chunks)
+        inputs = turner.cell_scores(params, tokens, lengths, phi, min_hairpin=min_hairpin,
+                                    pf=semiring != "max", end_pad=problem.widest)
+    else:
+        problem = _problem(stacking.StackingGrammar(min_hairpin), length, num_chunks)
+        inputs = stacking.cell_scores(params, tokens, phi)
+    return problem, inputs
+
+
 def cell_scores(params, tokens, phi=None):
     """The stacking grammar's engine inputs (see :func:`layers.stacking.cell_scores`)."""
     return stacking.cell_scores(params, tokens, phi)
-
-
-def _problem(grammar, length, num_chunks):
-    return chart.Problem(grammar, int(length), None if num_chunks is None else int(num_chunks))
 
 
 @functools.partial(jax.jit, static_argnames=("min_hairpin", "semiring", "num_chunks"))
@@ -98,8 +147,8 @@ def _batched_value(params, tokens, lengths, phi, *, min_hairpin, semiring, num_c
     length = tokens.shape[1]
     if length == 0:
         return jnp.zeros(tokens.shape[0], _result_dtype(params))
-    inputs = stacking.cell_scores(params, tokens, phi)
-    problem = _problem(stacking.StackingGrammar(min_hairpin), length, num_chunks)
+    problem, inputs = engine_inputs(params, tokens, lengths, phi, min_hairpin=min_hairpin, semiring=semiring,
+                                    num_chunks=num_chunks)
     return chart.value(problem, semiring, inputs, lengths)
 
 
@@ -169,9 +218,10 @@ def max_score(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chun
     return _value(params, tokens, lengths, phi, min_hairpin, "max", num_chunks)
 
 
-def inside_charts(params, tokens, *, phi=None, min_hairpin=3, semiring="log", num_chunks=None):
-    """The filled charts (a dict, engine layout; see ``layers/stacking.py``) for batched tokens [B, L]."""
+def inside_charts(params, tokens, lengths=None, *, phi=None, min_hairpin=3, semiring="log", num_chunks=None):
+    """The filled charts (a dict in the engine's layout, see the grammar's module) for tokens [B, L]."""
     params = check_params(params)
-    tokens, _, phi, _ = _check_inputs(tokens, None, phi, min_hairpin)
-    problem = _problem(stacking.StackingGrammar(int(min_hairpin)), tokens.shape[1], num_chunks)
-    return chart.charts(problem, semiring, stacking.cell_scores(params, tokens, phi))
+    tokens, lengths, phi, _ = _check_inputs(tokens, lengths, phi, min_hairpin)
+    problem, inputs = engine_inputs(params, tokens, lengths, phi, min_hairpin=int(min_hairpin), semiring=semiring,
+                                    num_chunks=num_chunks)
+    return chart.charts(problem, semiring, inputs)

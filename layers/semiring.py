@@ -123,6 +123,13 @@ class LogSemiring:
     def for_diagonal(self, d):
         return self
 
+    def for_output(self):
+        return self
+
+    def matmul(self, a, b):
+        """``log sum_k exp(a[..., n, k] + b[..., k, c])`` -> [..., n, c]."""
+        return self.sum(a[..., :, :, None] + b[..., None, :, :], axis=a.ndim - 1)
+
 
 # ------------------------------------------------------------------------ max
 
@@ -179,6 +186,13 @@ class MaxSemiring:
 
     def for_diagonal(self, d):
         return self
+
+    def for_output(self):
+        return self
+
+    def matmul(self, a, b):
+        """``max_k a[..., n, k] + b[..., k, c]`` -> [..., n, c]."""
+        return self.sum(a[..., :, :, None] + b[..., None, :, :], axis=a.ndim - 1)
 
 
 # --------------------------------------------------------------------- sample
@@ -237,6 +251,13 @@ class SampleSemiring:
 
     def for_diagonal(self, d):
         return SampleSemiring(jax.random.fold_in(self.key, d))
+
+    def for_output(self):
+        """The output's draws: a key branch apart from every diagonal's."""
+        return SampleSemiring(jax.random.fold_in(self.key, 0x7FFFFFFE))
+
+    def matmul(self, a, b):
+        return self.sum(a[..., :, :, None] + b[..., None, :, :], axis=a.ndim - 1)
 
     def _uniform(self, shape, dtype):
         # Draws live in their own branch of the key, apart from the diagonals' keys.

@@ -1,0 +1,472 @@
+r"""The Turner 2004 nearest-neighbour grammar (ViennaRNA 2.x's default model) on the chart engine.
+
+A structure's log-weight is ``-E(s)/kT`` (kcal/mol, 37 C; ``E`` the sum of its loop energies
+with dangles=2, see ``layers/energy_params.py``) plus ``phi[i, j]`` for each pair. The
+recursion (log semiring shown; ``(+)`` is ``plus``/``sum`` of the semiring, ``w(...)`` a loop's
+log-weight; spans are 0-based and inclusive)::
+
+    QB[i][j]   = pair[i,j] + ( w_hairpin(i,j) (+) QI[i][j] (+) w_mlclose(i,j) + QMM[i+1][j-1] )
+    QI[i][j]   = SUM_{(k,l) inside, l1 = k-i-1, l2 = j-l-1, 0 < l1+l2+... <= 30} w_interior(i,j,k,l) + QB[k][l]
+    QM1[i][j]  = ( QM1[i][j-1] + b ) (+) ( QB[i][j] + w_stem(i,j) )        one stem starting at i
+    QM1x[i][j] = QM1[i][j] (+) ( QM1x[i+1][j] + b )                        one stem, unpaired before it
+    QMM[i][j]  = SUM_{u=i+1}^{j} QM[i][u-1] + QM1[u][j]                     >= 2 stems
+    QM[i][j]   = QM1x[i][j] (+) QMM[i][j]                                   >= 1 stem
+    F5[j]      = F5[j-1] (+) SUM_k F5[k-1] + QB[k][j] + w_ext(k,j);  log Z = F5[n-1]
+
+with ``b`` the multiloop's per-unpaired log-weight. It is unambiguous (each structure has one
+derivation), so ``log Z`` is the log of ViennaRNA's partition function and the max semiring gives
+its minimum free energy. Splitting ``QM`` into one stem (``QM1x``, an O(1) recursion) and two or
+more (``QMM``) leaves a single O(n^3) split sum, ``QMM``, which also closes multiloops.
+
+Interior loops (all ~500 ``(l1, l2)`` with ``l1 + l2 <= 30``). The loop's energy is a
+per-(l1, l2) length term plus a mismatch of the outer pair (depends on (i, j)) plus one of the
+inner pair (depends on (k, l)), except for the tabulated small loops (stack, 1-nt bulges, 1x1,
+1x2, 2x1, 2x2), whose scores are per-cell arrays. For a fixed ``l1``, the inner pairs of all
+cells on diagonal d sit in one column-shifted block of the last 31 diagonals of ``QB``
+(a *window* of the start-indexed chart); for a fixed ``l2`` they sit in a block of the end-indexed
+copy of ``QB``. Per loop class the sum over the loop lengths is a semiring matrix product of a
+[rows, 31] table of length terms with the window, and the shifted rows are gathered by a reshape.
+
+Large hairpins (> 30 nt): the partition function extrapolates ``hairpin[30] + lxc ln(u/30)``
+exactly, ViennaRNA's energy evaluation and MFE truncate it to 0.01 kcal/mol; the max semiring
+uses the truncated form so that ``max_score`` is ViennaRNA's MFE. (Likewise the 2x3 loops' ninio
+term is capped in the partition function only.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from layers.alphabet import NUM_TOKENS
+from layers.chart import View
+from layers.energy_params import KT, MAX_LOOP, PAIR_INDEX
+from layers.stacking import lookup, shear, skew
+
+N_TOKEN = NUM_TOKENS - 1
+#: Rows of the interior-loop window: inner pairs are 2..32 diagonals back.
+WINDOW = MAX_LOOP + 1
+#: Start-indexed QB chart rows are offset by this much, so the window never starts below row 0.
+ROW_PAD = WINDOW + 1
+
+#: Per-cell score arrays that the recursion reads on the cell's own diagonal.
+CELL_ARRAYS = ("pair", "hairpin", "stack", "bulge1_5", "bulge1_3", "int11", "int12", "int21", "int22",
+               "outer_generic", "outer_1n", "outer_23", "outer_bulge", "ml_close", "ml_stem")
+#: Inner-pair arrays read through the start-indexed window (one per loop class) ...
+START_INNER = ("inner_generic", "inner_23", "inner_1n", "inner_bulge")
+#: ... and through the end-indexed window (the classes whose l2 is fixed).
+END_INNER = ("inner_1n_r", "inner_bulge_r")
+
+
+# ------------------------------------------------------------------ loop-length tables
+
+def _loop_classes():
+    """Static (l1, l2) bookkeeping: which loops each class sums, as window coordinates.
+
+    Returns a dict class -> (rows of (l1 or l2) values, window shift per row, [(row, rho, l1, l2)]).
+    ``rho = 30 - (l1 + l2)`` is the window row of the inner pair (width d - 2 - l1 - l2).
+    """
+    generic, pairs23, one_n, bulge = [], [], [], []
+    for l1 in range(MAX_LOOP + 1):
+        for l2 in range(MAX_LOOP + 1 - l1):
+            small, large = min(l1, l2), max(l1, l2)
+            if small >= 2 and (small, large) not in ((2, 2), (2, 3)):
+                generic.append((l1, l2))
+            elif (small, large) == (2, 3):
+                pairs23.append((l1, l2))
+            elif small == 1 and large >= 3:
+                one_n.append((l1, l2))
+            elif small == 0 and large >= 2:
+                bulge.append((l1, l2))
+    return {"generic": generic, "23": pairs23, "1n": one_n, "bulge": bulge}
+
+
+LOOP_CLASSES = _loop_classes()
+#: (class, side, fixed value) for each block: side "start" fixes l1 (start-indexed window),
+#: "end" fixes l2 (end-indexed window). Each block is one row of a class's length table.
+BLOCKS = {
+    "generic": ("start", tuple(range(2, MAX_LOOP - 1))),
+    "23": ("start", (2, 3)),
+    "1n_start": ("start", (1,)),
+    "bulge_start": ("start", (0,)),
+    "1n_end": ("end", (1,)),
+    "bulge_end": ("end", (0,)),
+}
+
+
+def _length_tables(params, *, pf: bool, batch: int, dtype):
+    """Log-weights of the length-dependent part of each loop class, as [B, rows, 31] tables
+    indexed by the fixed loop side (row) and the window row (30 - (l1 + l2) in the start
+    window, l1 + l2 in the end window)."""
+    interior = params["interior"].astype(dtype)
+    bulge = params["bulge"].astype(dtype)
+    ninio, max_ninio = params["ninio"].astype(dtype), params["max_ninio"].astype(dtype)
+
+    def asym(n):
+        return jnp.minimum(max_ninio, n * ninio)
+
+    def energy(cls, l1, l2):
+        u, small, large = l1 + l2, min(l1, l2), max(l1, l2)
+        if cls == "generic":
+            return interior[u] + asym(large - small)
+        if cls == "23":
+            return interior[5] + (asym(1) if pf else ninio)  # eval does not cap it (ViennaRNA)
+        if cls == "1n":
+            return interior[large + 1] + asym(large - 1)
+        return bulge[large]  # bulges of >= 2 nt (terminal AU: the outer/inner arrays)
+
+    tables = {}
+    for name, (side, fixed) in BLOCKS.items():
+        cls = name.split("_")[0]
+        members = set(LOOP_CLASSES[cls])
+        rows = []
+        for f in fixed:
+            row = [jnp.array(-jnp.inf, dtype)] * WINDOW
+            for rho in range(WINDOW):
+                # Window rows run by width: the start window upwards, the end window downwards.
+                u = MAX_LOOP - rho if side == "start" else rho
+                l1, l2 = (f, u - f) if side == "start" else (u - f, f)
+                if l1 >= 0 and l2 >= 0 and (l1, l2) in members:
+                    row[rho] = -energy(cls, l1, l2) / KT
+            rows.append(jnp.stack(row))
+        tables[name] = jnp.broadcast_to(jnp.stack(rows), (batch, len(fixed), WINDOW))
+    return tables
+
+
+# ----------------------------------------------------------------------- cell scores
+
+def _table(params, name, dtype):
+    return params[name].astype(dtype)
+
+
+def _pair_type(a, b):
+    return jnp.asarray(PAIR_INDEX).reshape(-1)[a * NUM_TOKENS + b]
+
+
+def _au(params, t, dtype):
+    """Terminal AU/GU penalty (kcal/mol) of pair type t (types GU UG AU UA = 2..5)."""
+    return jnp.where(t >= 2, params["terminal_au"].astype(dtype), jnp.zeros((), dtype))
+
+
+def _mismatch(params, name, t, a, b, dtype):
+    return lookup(_table(params, name, dtype), (jnp.maximum(t, 0), a, b))
+
+
+def _with_special_hairpins(params, x, energy, dtype):
+    """Replaces the hairpin energy [B, L(d), L(i)] by the special loop's total energy where
+    x[i..i+d] is a tri-, tetra- or hexaloop of the table (rows d = 4, 5, 7 only)."""
+    batch, length = x.shape
+    padded = jnp.concatenate([x, jnp.full((batch, 8), N_TOKEN, x.dtype)], axis=1)
+    by_size = {}
+    for seq, value in sorted(params["special_hairpins"].items()):
+        by_size.setdefault(len(seq), []).append((seq, value))
+    for size, entries in sorted(by_size.items()):
+        if size - 1 >= length:
+            continue
+        row = energy[:, size - 1]
+        special = row
+        for seq, value in entries:
+            match = jnp.ones((batch, length), bool)
+            for t, c in enumerate(seq):
+                match &= padded[:, t : t + length] == "ACGU".index(c)
+            special = jnp.where(match, jnp.asarray(value, dtype), special)
+        energy = energy.at[:, size - 1].set(special)
+    return energy
+
+
+def cell_scores(params, tokens, lengths, phi=None, *, min_hairpin=3, pf=True, end_pad=0):
+    """The Turner grammar's engine inputs (log-weights ``-E/kT``; see the module docstring).
+
+    ``pf=False`` gives the minimum-free-energy variant (large hairpins truncated like
+    ViennaRNA's integer energies, 2x3 ninio uncapped). ``end_pad``: extra columns of the
+    end-indexed arrays (the widest chunk of the engine's geometry, see ``TurnerGrammar``).
+    """
+    batch, length = tokens.shape
+    dtype = jnp.result_type(*jax.tree.leaves(params))
+    if not jnp.issubdtype(dtype, jnp.floating):
+        dtype = jnp.float32
+    x = jnp.clip(tokens, 0, N_TOKEN)
+    # Positions past a sequence's length read as N (they never pair: see `pair` below).
+    x = jnp.where(jnp.arange(length)[None, :] < lengths[:, None], x, N_TOKEN)
+    shape = (batch, length, length)
+    pad = 4
+    row = jnp.concatenate([jnp.full((batch, pad), N_TOKEN, x.dtype), x,
+                           jnp.full((batch, 2 * length + pad), N_TOKEN, x.dtype)], axis=1)
+
+    def at_i(offset):  # x[i + offset] at cell (d, i)
+        return jnp.broadcast_to(row[:, None, pad + offset : pad + offset + length], shape)
+
+    def at_j(offset):  # x[i + d + offset] at cell (d, i)
+        return shear(row[:, pad + offset : pad + offset + 2 * length], length)
+
+    d = jnp.arange(length)[None, :, None]
+    i = jnp.arange(length)[None, None, :]
+    j = i + d
+    n = lengths[:, None, None]
+    xi, xj = at_i(0), at_j(0)
+    t = _pair_type(xi, xj)
+    t_safe = jnp.maximum(t, 0)
+    neg_inf = jnp.array(-jnp.inf, dtype)
+
+    def w(energy):
+        return -energy / KT
+
+    # A pair: canonical, long enough, inside the sequence; phi adds to its log-weight.
+    can_pair = (t >= 0) & (d > min_hairpin) & (j < n)
+    pair = jnp.where(can_pair, jnp.zeros((), dtype), neg_inf)
+    if phi is not None:
+        pair = pair + skew(phi.astype(dtype), length)
+
+    # Hairpin loop of u = d - 1 unpaired bases.
+    u = jnp.maximum(d - 1, 0)
+    hp_table = _table(params, "hairpin", dtype)
+    short = hp_table[jnp.minimum(u, MAX_LOOP)]
+    ext = params["lxc"].astype(dtype) * jnp.log(jnp.maximum(u, 1).astype(dtype) / MAX_LOOP)
+    if not pf:
+        ext = jnp.trunc(ext * 100) / 100  # ViennaRNA's integer dcal: (int)(lxc * ln(u/30))
+    length_term = jnp.where(u <= MAX_LOOP, short, hp_table[MAX_LOOP] + ext)
+    general = jnp.where(u == 3, length_term + _au(params, t, dtype),
+                        length_term + _mismatch(params, "mismatch_hairpin", t, at_i(1), at_j(-1), dtype))
+    general = jnp.where(u < 3, length_term, general)
+    hairpin = w(_with_special_hairpins(params, x, general, dtype))
+
+    def inner_type(k_off, l_off):  # type of the inner pair read from inside: t(x_l, x_k)
+        return jnp.maximum(_pair_type(at_j(l_off), at_i(k_off)), 0)
+
+    stack_table = _table(params, "stack", dtype)
+    stack = w(lookup(stack_table, (t_safe, inner_type(1, -1))))
+    bulge1 = params["bulge"].astype(dtype)[1]
+    bulge1_5 = w(bulge1 + lookup(stack_table, (t_safe, inner_type(2, -1))))  # l1 = 1, l2 = 0
+    bulge1_3 = w(bulge1 + lookup(stack_table, (t_safe, inner_type(1, -2))))  # l1 = 0, l2 = 1
+    int11 = w(lookup(_table(params, "int11", dtype), (t_safe, inner_type(2, -2), at_i(1), at_j(-1))))
+    # 1x2 (l1 = 1, l2 = 2): int21[T, T', x[i+1], x[l+1], x[j-1]] with l = j - 3.
+    int12 = w(lookup(_table(params, "int21", dtype),
+                     (t_safe, inner_type(2, -3), at_i(1), at_j(-2), at_j(-1))))
+    # 2x1 (l1 = 2, l2 = 1): int21[T', T, x[l+1], x[i+1], x[k-1]] with k = i + 3, l = j - 2.
+    int21 = w(lookup(_table(params, "int21", dtype),
+                     (inner_type(3, -2), t_safe, at_j(-1), at_i(1), at_i(2))))
+    int22 = w(lookup(_table(params, "int22", dtype),
+                     (t_safe, inner_type(3, -3), at_i(1), at_i(2), at_j(-2), at_j(-1))))
+    outer = {
+        "outer_generic": w(_mismatch(params, "mismatch_interior", t, at_i(1), at_j(-1), dtype)),
+        "outer_1n": w(_mismatch(params, "mismatch_interior_1n", t, at_i(1), at_j(-1), dtype)),
+        "outer_23": w(_mismatch(params, "mismatch_interior_23", t, at_i(1), at_j(-1), dtype)),
+        "outer_bulge": w(_au(params, t, dtype)),
+    }
+    # As an inner pair (k, l) = (i, j), read from inside the enclosing loop: t(x_j, x_i).
+    t_rev = jnp.maximum(_pair_type(xj, xi), 0)
+    inner = {
+        "generic": w(_mismatch(params, "mismatch_interior", t_rev, at_j(1), at_i(-1), dtype)),
+        "23": w(_mismatch(params, "mismatch_interior_23", t_rev, at_j(1), at_i(-1), dtype)),
+        "1n": w(_mismatch(params, "mismatch_interior_1n", t_rev, at_j(1), at_i(-1), dtype)),
+        "bulge": w(_au(params, t_rev, dtype)),
+    }
+    ml_intern = params["ml_intern"].astype(dtype)
+    ml_close = w(params["ml_closing"].astype(dtype) + ml_intern + _au(params, t_rev, dtype)
+                 + _mismatch(params, "mismatch_multi", t_rev, at_j(-1), at_i(1), dtype))
+    ml_stem = w(ml_intern + _au(params, t, dtype)
+                + _mismatch(params, "mismatch_multi", t, at_i(-1), at_j(1), dtype))
+    # Exterior stems: dangles on the sides that have a neighbour.
+    has5, has3 = i > 0, j < n - 1
+    ext_energy = _au(params, t, dtype) + jnp.where(
+        has5 & has3, _mismatch(params, "mismatch_exterior", t, at_i(-1), at_j(1), dtype),
+        jnp.where(has5, lookup(_table(params, "dangle5", dtype), (t_safe, at_i(-1))),
+                  jnp.where(has3, lookup(_table(params, "dangle3", dtype), (t_safe, at_j(1))),
+                            jnp.zeros((), dtype))))
+
+    arrays = {"pair": pair, "hairpin": hairpin, "stack": stack, "bulge1_5": bulge1_5, "bulge1_3": bulge1_3,
+              "int11": int11, "int12": int12, "int21": int21, "int22": int22, **outer,
+              "ml_close": ml_close, "ml_stem": ml_stem,
+              "ext": w(ext_energy)}
+    # Inner-pair arrays in the QB charts' coordinates (see TurnerGrammar.init_charts).
+    for name in ("generic", "23", "1n", "bulge"):
+        arrays[f"inner_{name}"] = _to_start_layout(inner[name], length)
+    for name in ("1n", "bulge"):
+        arrays[f"inner_{name}_r"] = _to_end_layout(inner[name], length, end_pad)
+    consts = {"ml_base": jnp.broadcast_to(w(params["ml_base"].astype(dtype)), (batch,)),
+              **{f"len_{k}": v for k, v in _length_tables(params, pf=pf, batch=batch, dtype=dtype).items()}}
+    return {"arrays": arrays, "consts": consts}
+
+
+def _to_start_layout(cells, length):
+    """[B, L(w), L(i)] -> the start-indexed window layout [B, L + ROW_PAD, L + WINDOW] (row w + ROW_PAD)."""
+    return jnp.pad(cells, ((0, 0), (ROW_PAD, 0), (0, WINDOW)))
+
+
+def _end_reverse(cells, length):
+    """[B, L(w), L(i)] -> [B, L(w), L(j)] with the cell (j - w, j) at [w, j] (0 where j < w).
+
+    Rows shifted right by w with a reshape: read with row stride 2L - 1, the flattened
+    [w, 2L] array's row w starts w elements earlier.
+    """
+    batch = cells.shape[0]
+    flat = jnp.pad(cells, ((0, 0), (0, 0), (0, length))).reshape(batch, 2 * length * length)
+    rows = flat[:, : length * (2 * length - 1)].reshape(batch, length, 2 * length - 1)
+    return rows[:, :, :length]
+
+
+def _to_end_layout(cells, length, end_pad):
+    """[B, L(w), L(i)] -> the end-indexed layout [B, L + ROW_PAD + 1, L + WINDOW + end_pad]: the
+    cell (j - w, j) at row L - w, column j + WINDOW (the layout of the end-indexed QB chart)."""
+    flipped = _end_reverse(cells, length)[:, ::-1]  # row L - 1 - w
+    return jnp.pad(flipped, ((0, 0), (1, ROW_PAD), (WINDOW, end_pad)))
+
+
+# ------------------------------------------------------------------------ grammar
+
+def _shifted_rows(values, first_shift, width):
+    """values [B, R, K] -> [B, R, width] with row r read from column first_shift + r.
+
+    A pad and reshape instead of R slices: row r of the flattened [R, K + 1] array starts r
+    elements later, so its transpose (the gradient) is a reshape too.
+    """
+    batch, rows, cols = values.shape
+    flat = jnp.pad(values, ((0, 0), (0, 0), (0, 1))).reshape(batch, rows * (cols + 1))
+    flat = jnp.pad(flat, ((0, 0), (0, rows)))
+    shifted = flat.reshape(batch, rows, cols + 2)
+    return shifted[:, :, first_shift : first_shift + width]
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnerGrammar:
+    """The Turner 2004 recursion for the chart engine (see the module docstring)."""
+
+    min_hairpin: int = 3
+    pair_array = "pair"
+    first_diagonal = 1
+    one_pass = False
+    cell_cost = 160  # the interior loops' fixed work per cell, in split-term units
+
+    @property
+    def row_offset(self):  # split rows of QMM: u - i in [h + 2, d - h - 1]
+        return 2 * self.min_hairpin + 3
+
+    @property
+    def split_lo(self):
+        return self.min_hairpin + 2
+
+    def block(self, d0, d1, length):
+        return max(d1 - 2 * self.min_hairpin - 3, 1), length - d0
+
+    def init_charts(self, inputs, length, widest):
+        ref = inputs["arrays"]["pair"]
+        batch, dtype = ref.shape[0], ref.dtype
+
+        def blank(rows, cols):
+            return jnp.full((batch, rows, cols), -jnp.inf, dtype)
+
+        return {
+            "QBs": blank(length + ROW_PAD, length + WINDOW),  # QB[i][i+w] at [w + ROW_PAD, i]
+            "QBr": blank(length + ROW_PAD + 1, length + WINDOW + widest),  # QB[j-w][j] at [L - w, j + WINDOW]
+            "QI": blank(length, length),
+            "QM1": blank(length, length),
+            "QM1r": blank(length + widest + 2, length + widest + 1),  # QM1[j-w][j] at [L - w, j]
+            "QM1x": blank(length, length + 1),
+            "QMc": blank(length + 1, length),  # QM[i][i+m-1] at [m, i]
+            "QMM": blank(length, length + 1),
+        }
+
+    def views(self, d, rows, width, length):
+        lo = self.split_lo
+        cell = {name: View(name, d, 0, 1, width) for name in CELL_ARRAYS}
+        window = {
+            "qb_start": View("QBs", d, 0, WINDOW, width + WINDOW),  # widths d-32 .. d-2
+            "qb_end": View("QBr", length - d + 2, d, WINDOW, width + WINDOW),
+            **{name: View(name, d, 0, WINDOW, width + WINDOW) for name in START_INNER},
+            **{name: View(name, length - d + 2, d, WINDOW, width + WINDOW) for name in END_INNER},
+        }
+        return {
+            **cell, **window,
+            "qm_left": View("QMc", lo, 0, rows, width),  # QM[i][i+m-1], m = lo ..
+            "qm1_right": View("QM1r", length - d + lo, d, rows, width),  # QM1[i+m][j]
+            "qm1_prev": View("QM1", d - 1, 0, 1, width),  # QM1[i][j-1]
+            "qm1x_next": View("QM1x", d - 1, 1, 1, width),  # QM1x[i+1][j]
+            "qmm_inner": View("QMM", jnp.maximum(d - 2, 0), 1, 1, width),  # QMM[i+1][j-1]
+        }
+
+    def writes(self, d, length):
+        return {"QBs": (d + ROW_PAD, 0), "QBr": (length - d, d + WINDOW), "QI": (d, 0), "QM1": (d, 0),
+                "QM1r": (length - d, d), "QM1x": (d, 0), "QMc": (d + 1, 0), "QMM": (d, 0)}
+
+    def step(self, sr, d, views, consts, *, known, exact, length):
+        del exact
+        cell = {name: views[name][:, 0] for name in CELL_ARRAYS}
+        width = cell["pair"].shape[-1]
+        neg_inf = jnp.array(-jnp.inf, cell["pair"].dtype)
+
+        # >= 2 stems in [i, j]: the one O(n^3) sum. Terms past a width's end are -inf.
+        terms = jax.lax.optimization_barrier(views["qm_left"] + views["qm1_right"])
+        qmm = sr.sum(terms, axis=1, known=known.get("QMM"))
+
+        # Interior loops: tabulated small loops, then each class's length sum.
+        qb_start, qb_end = views["qb_start"], views["qb_end"]
+        rho = lambda l1, l2: MAX_LOOP - (l1 + l2)
+        inner_qb = lambda l1, l2: qb_start[:, rho(l1, l2), l1 + 1 : l1 + 1 + width]
+        parts = [
+            cell["stack"] + inner_qb(0, 0),
+            cell["bulge1_5"] + inner_qb(1, 0),
+            cell["bulge1_3"] + inner_qb(0, 1),
+            cell["int11"] + inner_qb(1, 1),
+            cell["int12"] + inner_qb(1, 2),
+            cell["int21"] + inner_qb(2, 1),
+            cell["int22"] + inner_qb(2, 2),
+        ]
+        for block, outer, inner_name in (("generic", "outer_generic", "inner_generic"),
+                                         ("23", "outer_23", "inner_23"),
+                                         ("1n_start", "outer_1n", "inner_1n"),
+                                         ("bulge_start", "outer_bulge", "inner_bulge")):
+            fixed = BLOCKS[block][1]
+            loops = sr.matmul(consts[f"len_{block}"], qb_start + views[inner_name])  # [B, rows, width + 31]
+            # Row r (l1 = fixed[r]) reads the inner pair at column i + l1 + 1.
+            shifted = _shifted_rows(loops, fixed[0] + 1, width) if len(fixed) > 1 else \
+                loops[:, :, fixed[0] + 1 : fixed[0] + 1 + width]
+            parts.append(cell[outer] + sr.sum(shifted, axis=1))
+        for block, outer, inner_name in (("1n_end", "outer_1n", "inner_1n_r"),
+                                         ("bulge_end", "outer_bulge", "inner_bulge_r")):
+            (l2,) = BLOCKS[block][1]
+            loops = sr.matmul(consts[f"len_{block}"], qb_end + views[inner_name])  # [B, 1, width + 31]
+            # The end window's column of cell i's inner pair (k, j - l2 - 1) is i + 30 - l2.
+            parts.append(cell[outer] + loops[:, 0, MAX_LOOP - l2 : MAX_LOOP - l2 + width])
+        qi = sr.sum(jnp.stack(parts, axis=1), axis=1, known=known.get("QI"))
+
+        ml = cell["ml_close"] + views["qmm_inner"][:, 0]
+        closes = sr.plus(sr.plus(cell["hairpin"], qi), jnp.where(d - 2 > 0, ml, neg_inf))
+        qb = cell["pair"] + closes
+        b = consts["ml_base"][:, None]
+        qm1 = sr.plus(views["qm1_prev"][:, 0] + b, qb + cell["ml_stem"], known=known.get("QM1"))
+        qm1x = sr.plus(qm1, views["qm1x_next"][:, 0] + b, known=known.get("QM1x"))
+        qm = sr.plus(qm1x, qmm, known=known.get("QMc"))
+        return {"QBs": qb, "QBr": qb, "QI": qi, "QM1": qm1, "QM1r": qm1, "QM1x": qm1x, "QMc": qm,
+                "QMM": qmm}, None
+
+    def output(self, sr, arrays, consts, lengths, length):
+        """F5[n-1]: the exterior loop, a left-to-right scan over end positions (O(L^2))."""
+        qb = arrays["QBs"][:, ROW_PAD : ROW_PAD + length, :length]  # [B, w, i]
+        stems = _by_end(qb + arrays["ext"], length)  # [B, j, k]: QB[k][j] + w_ext(k, j)
+        batch = qb.shape[0]
+        f5 = jnp.full((batch, length + 1), -jnp.inf, qb.dtype).at[:, 0].set(0)  # f5[:, t] = F5[t-1]
+
+        def position(f5, xs):
+            j, stems_j = xs
+            sr_j = sr.for_diagonal(j)
+            value = sr_j.plus(f5[:, j], sr_j.sum(f5[:, :length] + stems_j, axis=1))
+            return f5.at[:, j + 1].set(value), None
+
+        f5, _ = jax.lax.scan(position, f5, (jnp.arange(length), jnp.swapaxes(stems, 0, 1)))
+        return f5[jnp.arange(batch), jnp.clip(lengths, 0, length)]
+
+
+def _by_end(cells, length):
+    """[B, L(w), L(i)] width layout -> [B, L(j), L(k)] with the cell (k, j) (-inf where k > j)."""
+    batch = cells.shape[0]
+    # cell (k, k + w) -> flat index k * (L + 1) + w of a [k, w] array = k * L + (k + w) of [k, j].
+    by_start = jnp.swapaxes(cells, 1, 2)  # [B, k, w]
+    flat = jnp.pad(by_start, ((0, 0), (0, 0), (0, 1))).reshape(batch, length * (length + 1))
+    matrix = flat[:, : length * length].reshape(batch, length, length)  # [k, j] for j >= k
+    lower = np.arange(length)[:, None] > np.arange(length)[None, :]
+    matrix = jnp.where(lower, -jnp.inf, matrix)
+    return jnp.swapaxes(matrix, 1, 2)
