@@ -60,9 +60,12 @@ is seen from, ``(p, q)`` with the loop running from ``p`` to ``q`` through the l
   neighbour beyond the sequence end is absent: then ``dangle5[t, x[p-1]]`` (no 3' neighbour) or
   ``dangle3[t, x[q+1]]`` (no 5' neighbour) or nothing (neither) replaces the mismatch.
 
-Entries ViennaRNA has as INF (``hairpin[0:3]``, ``bulge[0]``, ``interior[0:2]``) are ``+inf``:
-the loops they belong to are forbidden (and never reached by a structure the Turner grammar allows,
-so they never meet a finite term of opposite sign: no NaN).
+Entries ViennaRNA has as INF are ``+inf``: the loops that use them are forbidden. In Turner 2004
+these are ``hairpin[0:3]``, ``bulge[0]`` and ``interior[0:2]``, which no structure of the Turner
+grammar reaches; other sets have more (Andronescu 2007 ``interior[2:4]``, Langdon 2018 entries of
+``int21``, ``int22`` and ``mismatch_interior_23``) and fewer (Langdon's ``hairpin[0:3]`` are finite:
+the grammar's minimum hairpin of 3 is a rule of the grammar, not of the tables). No table holds
+``-inf`` or NaN, so sums of entries are never NaN.
 
 N entries: N (and every IUPAC code, see :func:`layers.encode`) is token 4 and is ViennaRNA's base
 0. It pairs with nothing, but as a mismatch/dangle/loop neighbour it indexes the tables' N entries,

@@ -12,7 +12,7 @@ With ``t(p, q)`` the pair type of (x_p, x_q) (:data:`~layers.energy_params.PAIR_
   ``L(u) = hairpin[u]`` (u <= 30) or ``hairpin[30] + ext(u)``. If the sequence x[i..j] is a
   special hairpin (u = 3, 4, 6) its tabulated energy is the whole loop energy; otherwise u = 3
   gives ``L(3) + AU(t(i,j))`` and u >= 4 gives ``L(u) + mismatch_hairpin[t(i,j), x[i+1], x[j-1]]``.
-  u < 3 gives ``hairpin[u]`` = +inf.
+  u < 3 gives ``hairpin[u]`` (+inf in Turner 2004).
 * **stack / bulge / interior** loop between outer (i, j) and inner (k, l), n1 = k - i - 1,
   n2 = j - l - 1, T = t(i, j), T' = t(l, k) (the inner pair read from inside):
   stack ``stack[T, T']``; bulge (one side 0, other n) ``bulge[n]`` (+ ``stack[T, T']`` if n = 1,
@@ -46,10 +46,11 @@ also clips ``mismatch_multi``, ``mismatch_exterior``, ``dangle5`` and ``dangle3`
 and partition function alike; :func:`~layers.energy_params.load_parameter_file` applies that clip
 when it reads a file, so the tables here are used as they are.)
 
-Structures with a pair that is not AU, CG, GU (either orientation) get +inf, as do hairpins
-with fewer than 3 unpaired bases (the tables' +inf). Loops larger than 30 are evaluated by
-extrapolation like ViennaRNA's eval, although the Turner grammar (and ViennaRNA's folding) never
-produces interior loops or bulges of more than 30 nucleotides.
+Structures with a pair that is not AU, CG, GU (either orientation) get +inf; a loop that uses a
++inf table entry (hairpins with fewer than 3 unpaired bases in Turner 2004) is +inf, where
+ViennaRNA's integer eval returns its INF sentinel (>= 100000 kcal/mol). Loops larger than 30 are
+evaluated by extrapolation like ViennaRNA's eval, although the Turner grammar (and ViennaRNA's
+folding) never produces interior loops or bulges of more than 30 nucleotides.
 
 >>> from layers.energy_params import turner2004
 >>> params = turner2004()
@@ -273,8 +274,8 @@ def reference_free_energy(params, sequence, structure, *, pf: bool = False) -> f
 
     Equals ViennaRNA's ``fold_compound(seq).eval_structure`` (default model) for ``pf=False``; with
     ``pf=True`` it is the energy whose Boltzmann factor ViennaRNA's partition function
-    (``md.pf_smooth = 0``) gives the structure. +inf for non-canonical pairs and hairpins shorter
-    than 3. See the module docstring for the formulas.
+    (``md.pf_smooth = 0``) gives the structure. +inf for non-canonical pairs and for loops that use
+    a +inf entry. See the module docstring for the formulas.
 
     >>> from layers.energy_params import turner2004
     >>> round(reference_free_energy(turner2004(), "GCUUCGGC", [(0, 7), (1, 6)]), 6)  # UUCG tetraloop
