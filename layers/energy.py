@@ -46,8 +46,8 @@ untruncated (ViennaRNA's partition function), and caps the ninio term of 2x3 loo
 >>> pt = np.full(tokens.shape, -1)
 >>> pt[0, :11], pt[1, :8] = from_dot_bracket("((((...))))"), from_dot_bracket("((....))")
 >>> energy, valid = loop_energy(turner2004(), tokens, pt, lengths)
->>> np.round(np.asarray(energy), 4).tolist(), np.asarray(valid).tolist()
-[[-4.5, 0.3], [True, True]]
+>>> [round(float(e), 4) for e in energy], np.asarray(valid).tolist()
+([-4.5, 0.3], [True, True])
 """
 
 from __future__ import annotations
