@@ -68,6 +68,16 @@ _PAIR_FLAT = PAIR_INDEX.reshape(-1).astype(np.int32)  # pair type of (x, y) at x
 _AU_TYPES = np.array([0, 0, 1, 1, 1, 1], dtype=bool)  # GU UG AU UA get the terminal penalty
 
 
+def _pair_type(a, b):
+    """Pair type of tokens (a, b), -1 if they do not pair (one flat lookup)."""
+    return jnp.asarray(_PAIR_FLAT)[a * 5 + b]
+
+
+def _terminal_au(params, t):
+    """terminal_au for pair types GU UG AU UA, else 0."""
+    return jnp.where(jnp.asarray(_AU_TYPES)[jnp.clip(t, 0, 5)], params["terminal_au"], 0.0)
+
+
 def loop_energy(params, tokens, pair_table, lengths=None, *, pf: bool = False):
     """Free energy (kcal/mol) of each structure and whether the Turner grammar allows it.
 
@@ -162,10 +172,15 @@ def _one(params, special, x, pt, n, *, pf):
 
     i, j = idx, partner
     xi, xj = x, x[partner]
-    t = _PAIR_FLAT_J[xi * 5 + xj]  # type of (i, j) for an opener i
+    t = _pair_type(xi, xj)  # type of (i, j) for an opener i
     canonical = jnp.all(~opener | (t >= 0))
-    at = lambda k: x[jnp.clip(k, 0, L - 1)]  # noqa: E731  (token at k, k clipped)
-    au = lambda tt: jnp.where(_AU_J[jnp.clip(tt, 0, 5)], params["terminal_au"], 0.0)  # noqa: E731
+
+    def at(k):
+        """The token at position(s) k (clipped into the array; masked by the caller)."""
+        return x[jnp.clip(k, 0, L - 1)]
+
+    def au(tt):
+        return _terminal_au(params, tt)
 
     # hairpin closed by (i, j)
     u = j - i - 1
@@ -183,13 +198,13 @@ def _one(params, special, x, pt, n, *, pf):
     # interior-type loop between (i, j) and its one inner pair (k, l)
     k = jnp.clip(child, 0, L - 1)
     l = partner[k]
-    t2 = _PAIR_FLAT_J[x[l] * 5 + x[k]]  # inner pair read from inside the loop
+    t2 = _pair_type(x[l], x[k])  # inner pair read from inside the loop
     n1, n2 = k - i - 1, j - l - 1
     interior_e, interior_size = _interior(params, t, t2, n1, n2, at(i + 1), at(j - 1), at(l + 1), at(k - 1), pf=pf)
     interior_e = jnp.where(t2 >= 0, interior_e, jnp.inf)
 
     # multiloop closed by (i, j): closing term + the closing stem read as (j, i)
-    t_ji = _PAIR_FLAT_J[xj * 5 + xi]
+    t_ji = _pair_type(xj, xi)
     multi_e = (
         params["ml_closing"]
         + unpaired.astype(dtype) * params["ml_base"]
@@ -226,10 +241,6 @@ def _one(params, special, x, pt, n, *, pf):
     return energy, valid
 
 
-_PAIR_FLAT_J = jnp.asarray(np.append(_PAIR_FLAT, -1))  # index 25: no pair (unused, keeps clips in range)
-_AU_J = jnp.asarray(_AU_TYPES)
-
-
 def _extrapolation(params, n, *, truncate):
     """lxc ln(n/30) for n > 30 (0 otherwise); truncated toward zero in dcal/mol if ``truncate``."""
     dtype = params["lxc"].dtype
@@ -243,7 +254,9 @@ def _extrapolation(params, n, *, truncate):
 
 def _loop_length(params, table, n, *, truncate):
     """``table[n]`` for n <= 30, ``table[30] + lxc ln(n/30)`` beyond (n clipped at 0)."""
-    return _lookup(params[table], (jnp.minimum(n, MAX_LOOP), MAX_LOOP + 1)) + _extrapolation(params, n, truncate=truncate)
+    return _lookup(params[table], (jnp.minimum(n, MAX_LOOP), MAX_LOOP + 1)) + _extrapolation(
+        params, n, truncate=truncate
+    )
 
 
 def _interior(params, t1, t2, n1, n2, a, b, c, d, *, pf):
@@ -254,7 +267,7 @@ def _interior(params, t1, t2, n1, n2, a, b, c, d, *, pf):
     nl, ns = jnp.maximum(n1, n2), jnp.minimum(n1, n2)
     size = n1 + n2
     stack = _lookup(p["stack"], (t1, 6), (t2, 6))
-    au = jnp.where(_AU_J[jnp.clip(t1, 0, 5)], p["terminal_au"], 0.0) + jnp.where(_AU_J[jnp.clip(t2, 0, 5)], p["terminal_au"], 0.0)
+    au = _terminal_au(p, t1) + _terminal_au(p, t2)
     bulge = _loop_length(p, "bulge", nl, truncate=True) + jnp.where(nl == 1, stack, au)
 
     def ninio(asymmetry):

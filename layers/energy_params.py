@@ -96,6 +96,7 @@ import re
 import warnings
 from importlib import resources
 
+import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
@@ -261,8 +262,6 @@ def _layout_to_raw(dcal: dict) -> dict:
 
 def _from_raw(raw: dict, dtype) -> dict:
     """ViennaRNA layout (dcal/mol) -> foldax pytree (kcal/mol) of ``dtype`` arrays."""
-    import jax.numpy as jnp
-
     out = {}
     for key in TABLE_SHAPES:
         table = raw[key][_vienna_index(key)] if key in _AXES else raw[key]
@@ -321,7 +320,7 @@ def _nulls_to_inf(nested):
     return np.inf if nested is None else nested
 
 
-def turner2004(dtype=None) -> dict:
+def turner2004(dtype=jnp.float32) -> dict:
     """The Turner 2004 parameters (ViennaRNA 2.x's default set) as a pytree of ``dtype`` arrays.
 
     kcal/mol at 37 C, in the layout described in the module docstring; ``dtype`` defaults to
@@ -333,9 +332,7 @@ def turner2004(dtype=None) -> dict:
     >>> float(p["hairpin"][0])
     inf
     """
-    import jax.numpy as jnp
-
-    return _from_raw(_turner2004_raw(), jnp.float32 if dtype is None else dtype)
+    return _from_raw(_turner2004_raw(), dtype)
 
 
 def check_energy_params(params) -> None:
@@ -361,8 +358,7 @@ def check_energy_params(params) -> None:
     for seq, energy in special.items():
         if not isinstance(seq, str) or len(seq) not in SPECIAL_HAIRPIN_LENGTHS or set(seq) - set("ACGU"):
             raise ValueError(
-                f"special hairpin key {seq!r}: expected 5, 6 or 8 letters over ACGU "
-                "(the loop with its closing pair)"
+                f"special hairpin key {seq!r}: expected 5, 6 or 8 letters over ACGU (the loop with its closing pair)"
             )
         if np.shape(energy) != ():
             raise ValueError(f"special hairpin {seq!r} has shape {np.shape(energy)}, expected a scalar")
@@ -426,17 +422,18 @@ def _parse_value(token: str, lines: _Lines, number: int, section: str) -> float 
         return float(_NST)
     if re.fullmatch(r"[+-]?\d+", token):
         return float(int(token))
-    raise lines.error(number, f"section {section!r}: cannot read value {token!r} (expected an integer in dcal/mol, INF, DEF, NST, '*' or 'x')")
+    raise lines.error(
+        number,
+        f"section {section!r}: cannot read value {token!r} (expected an integer in dcal/mol, INF, DEF, NST, '*' or 'x')",
+    )
 
 
-def parameters_from_string(text: str, *, name: str = "<string>", base=None, dtype=None) -> dict:
+def parameters_from_string(text: str, *, name: str = "<string>", base=None, dtype=jnp.float32) -> dict:
     """Parses the text of a ViennaRNA 2.0 parameter file; see :func:`load_parameter_file`."""
-    import jax.numpy as jnp
-
     raw = _turner2004_raw() if base is None else _to_raw(base)
     _parse_into(raw, text, name)
     _clip_dangles(raw)
-    return _from_raw(raw, jnp.float32 if dtype is None else dtype)
+    return _from_raw(raw, dtype)
 
 
 #: Tables ViennaRNA clips at zero when it prepares parameters ("must be <= 0"), for its energy
@@ -502,14 +499,14 @@ def _read_table(raw: dict, section: str, body, lines: _Lines, header: int) -> No
         for column, token in zip(columns, tokens):
             value = _parse_value(token, lines, number, section)
             if value == "x":
-                raise lines.error(number, f"section {section!r}: 'x' (extrapolation) is only allowed in loop-length tables")
+                raise lines.error(
+                    number, f"section {section!r}: 'x' (extrapolation) is only allowed in loop-length tables"
+                )
             if value != "*":
                 table[index + (column,)] = value
     if len(data) < len(rows):
         last = data[-1][0] if data else header
-        raise lines.error(
-            last, f"section {section!r} ends after {len(data)} of {len(rows)} rows ({width} values each)"
-        )
+        raise lines.error(last, f"section {section!r} ends after {len(data)} of {len(rows)} rows ({width} values each)")
     if len(data) > len(rows):
         raise lines.error(data[len(rows)][0], f"section {section!r} has more than {len(rows)} rows")
     if key == "int22":
@@ -589,9 +586,13 @@ def _read_special(raw: dict, section: str, body, lines: _Lines, header: int) -> 
             listing = False
             continue
         if not listing:
-            raise lines.error(number, f"section {section!r}: entry after a blank or comment line (ViennaRNA would ignore it)")
+            raise lines.error(
+                number, f"section {section!r}: entry after a blank or comment line (ViennaRNA would ignore it)"
+            )
         if len(tokens) != 3:
-            raise lines.error(number, f"section {section!r} expects 'SEQUENCE energy enthalpy', got {len(tokens)} fields")
+            raise lines.error(
+                number, f"section {section!r} expects 'SEQUENCE energy enthalpy', got {len(tokens)} fields"
+            )
         seq, energy, enthalpy = tokens
         seq = seq.upper().replace("T", "U")  # DNA sets list T; foldax reads T as U
         if len(seq) != length or set(seq) - set("ACGU"):
@@ -603,7 +604,9 @@ def _read_special(raw: dict, section: str, body, lines: _Lines, header: int) -> 
         entries.setdefault(seq, value)  # ViennaRNA's lookup finds the first occurrence
         count += 1
         if count > _MAX_SPECIAL_LOOPS:
-            raise lines.error(number, f"section {section!r} has more than {_MAX_SPECIAL_LOOPS} entries (ViennaRNA's limit)")
+            raise lines.error(
+                number, f"section {section!r} has more than {_MAX_SPECIAL_LOOPS} entries (ViennaRNA's limit)"
+            )
     special = {seq: e for seq, e in raw["special_hairpins"].items() if len(seq) != length}
     special.update(entries)
     raw["special_hairpins"] = special
@@ -652,7 +655,7 @@ def _update_nst(table: np.ndarray) -> None:
     a[_NBPAIRS, _NBPAIRS] = a[_NBPAIRS, 1:_NBPAIRS].max(axis=0)
 
 
-def load_parameter_file(path, *, base=None, dtype=None) -> dict:
+def load_parameter_file(path, *, base=None, dtype=jnp.float32) -> dict:
     """Reads a ViennaRNA 2.0 ``.par`` parameter file into the parameter pytree.
 
     The format is the one ``RNA.params_save`` writes and ViennaRNA's ``misc/rna_*.par`` use:
@@ -709,15 +712,16 @@ def _warn_lossy(ints: dict) -> None:
     positive = [key for key in CLIPPED_TABLES if (ints[key][1:7] > 0).any()]
     if positive:
         warnings.warn(
-            f"{', '.join(positive)} hold positive energies; ViennaRNA clips these tables at 0 when it "
-            "reads the file", stacklevel=3
+            f"{', '.join(positive)} hold positive energies; ViennaRNA clips these tables at 0 when it reads the file",
+            stacklevel=3,
         )
     derived = ints["int22"].copy()
     _update_nst(derived)
     if not np.array_equal(derived[1:7, 1:7], ints["int22"][1:7, 1:7]):
         warnings.warn(
             "int22 entries with N differ from the maximum over ACGU; the .par format does not store "
-            "them (ViennaRNA and load_parameter_file derive them from the ACGU entries)", stacklevel=3
+            "them (ViennaRNA and load_parameter_file derive them from the ACGU entries)",
+            stacklevel=3,
         )
 
 
@@ -812,7 +816,10 @@ def parameters_to_string(params, *, comment: str | None = None) -> str:
         "# ML_params",
         "/* F = cu*n_unpaired + cc + ci*loop_degree (+TermAU) */",
         "/*\t    cu\t cu_dH\t    cc\t cc_dH\t    ci\t ci_dH  */",
-        "\t" + "\t".join(f"{int(ints[k]):6d}" for k in ("ml_base", "ml_base", "ml_closing", "ml_closing", "ml_intern", "ml_intern")),
+        "\t"
+        + "\t".join(
+            f"{int(ints[k]):6d}" for k in ("ml_base", "ml_base", "ml_closing", "ml_closing", "ml_intern", "ml_intern")
+        ),
         "",
         "# NINIO",
         "/* Ninio = MIN(max, m*|n1-n2| */",

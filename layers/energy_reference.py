@@ -90,7 +90,9 @@ def numpy_params(params) -> dict:
     """The parameter pytree as float64 NumPy arrays (special hairpins as Python floats)."""
     check_energy_params(params)
     out = {key: np.asarray(params[key], dtype=np.float64) for key in list(TABLE_SHAPES) + list(SCALAR_NAMES)}
-    out["special_hairpins"] = {seq: float(np.asarray(e, dtype=np.float64)) for seq, e in params["special_hairpins"].items()}
+    out["special_hairpins"] = {
+        seq: float(np.asarray(e, dtype=np.float64)) for seq, e in params["special_hairpins"].items()
+    }
     return out
 
 
@@ -285,7 +287,9 @@ def reference_free_energy(params, sequence, structure, *, pf: bool = False) -> f
 
 
 def _is_numpy(params) -> bool:
-    return isinstance(params, dict) and isinstance(params.get("stack"), np.ndarray) and params["stack"].dtype == np.float64
+    return (
+        isinstance(params, dict) and isinstance(params.get("stack"), np.ndarray) and params["stack"].dtype == np.float64
+    )
 
 
 # --------------------------------------------------------------------------- #
@@ -324,7 +328,7 @@ def enumerate_turner_structures(sequence, *, min_hairpin: int = 3, max_loop: int
         memo[(i, j)] = out
         return out
 
-    for pairs in (inside(0, n - 1) if n else [()]):
+    for pairs in inside(0, n - 1) if n else [()]:
         if max_loop is None or _largest_interior_loop(pairs, n) <= max_loop:
             yield tuple(sorted(pairs))
 

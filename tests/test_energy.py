@@ -11,17 +11,10 @@ from __future__ import annotations
 import math
 import random
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
-
-from layers.alphabet import encode
-from layers.dotbracket import from_dot_bracket
-from layers.energy import _extrapolation, loop_energy
-from layers.energy_params import CLIPPED_TABLES, MAX_LOOP, SCALAR_NAMES, TABLE_SHAPES, load_parameter_file, turner2004
-from layers.energy_reference import as_pair_table, numpy_params, reference_free_energy, reference_loop_energies
+import numpy as np
+import pytest
 from test_energy_reference import (
     constructed_cases,
     fit_sequence,
@@ -31,6 +24,12 @@ from test_energy_reference import (
     vienna_md,
     vienna_rna_sequence,
 )
+
+from layers.alphabet import encode
+from layers.dotbracket import from_dot_bracket
+from layers.energy import _extrapolation, loop_energy
+from layers.energy_params import CLIPPED_TABLES, MAX_LOOP, SCALAR_NAMES, TABLE_SHAPES, load_parameter_file, turner2004
+from layers.energy_reference import as_pair_table, numpy_params, reference_free_energy, reference_loop_energies
 
 jax.config.update("jax_enable_x64", True)
 
@@ -129,9 +128,16 @@ def test_padding_and_batch_composition_do_not_matter(big_batch, turner64):
 def small_batch():
     """Valid and invalid structures, n <= 60, padded to 64."""
     rng = random.Random(5)
-    valid = [(fit_sequence(rng, db), db) for db in (random_shape(rng, rng.randint(1, 60), max_loop=30) for _ in range(14))]
+    valid = [
+        (fit_sequence(rng, db), db) for db in (random_shape(rng, rng.randint(1, 60), max_loop=30) for _ in range(14))
+    ]
     valid += [(fit_sequence(rng, "((" + "." * 36 + "))"), "((" + "." * 36 + "))")]  # hairpin > 30
-    valid += [("GCUUCGGC", "((....))"), ("GGCAACGCC", ".((...))."), ("GACAGUACUC", "((......))"), ("GGAAGCAAAGCAAACC", "((..((...))...))")]
+    valid += [
+        ("GCUUCGGC", "((....))"),
+        ("GGCAACGCC", ".((...))."),
+        ("GACAGUACUC", "((......))"),
+        ("GGAAGCAAAGCAAACC", "((..((...))...))"),
+    ]
     invalid = [
         ("GGGAACCC", "(((..)))"),  # hairpin of 2
         ("GGGAAACCA", "(((...)))"),  # G-A pair
@@ -188,7 +194,11 @@ def test_malformed_pair_tables_are_invalid(small_batch, turner64):
 
 def test_unbatched_and_vmap(turner64):
     seqs = ["GGGGAAACCCCA", "GCUUCGGCAAAA", "NGGGAAACCCNA"]  # one length: one compilation
-    dbs = ["((((...)))).", "((....))....", ".(((...)))..",]
+    dbs = [
+        "((((...)))).",
+        "((....))....",
+        ".(((...)))..",
+    ]
     singles = [loop_energy(turner64, encode(s), from_dot_bracket(d)) for s, d in zip(seqs, dbs)]
     for (e, v), s, d in zip(singles, seqs, dbs):
         assert e.shape == () and bool(v)
@@ -222,7 +232,10 @@ def _random_params(seed: int) -> dict:
         value = base[key]
         noise = rng.normal(0.0, 2.0, size=np.shape(value))
         params[key] = jnp.asarray(np.where(np.isinf(value), np.inf, noise))
-    f64 = lambda value: jnp.asarray(value, jnp.float64)  # noqa: E731  (not weakly typed: no recompilation)
+
+    def f64(value):  # not weakly typed: no recompilation
+        return jnp.asarray(value, jnp.float64)
+
     params["lxc"], params["ninio"], params["max_ninio"] = f64(1.3), f64(0.83), f64(2.9)
     params["special_hairpins"] = {k: f64(rng.normal(0.0, 2.0)) for k in base["special_hairpins"]}
     return params
@@ -287,7 +300,7 @@ def test_gradients_are_feature_counts(small_batch, turner64):
 def test_no_nan_with_infinite_entries_and_invalid_structures(small_batch, turner64):
     """Turner's +inf entries and forbidden structures (+inf energies) in one batch: the gradient is
     finite whether the infinite energies are summed or masked out."""
-    cases, (tokens, pairs, lengths), n_valid = small_batch
+    cases, (tokens, pairs, lengths), _ = small_batch
     (_, (energy, valid)), _ = weighted_value_and_grad(turner64, np.zeros(len(cases)), tokens, pairs, lengths, False)
     assert np.isinf(np.asarray(energy)).any()
     for weights in (np.ones(len(cases)), np.asarray(valid, np.float64)):
@@ -312,7 +325,9 @@ def test_sweep_against_vienna_lengths_1_to_500_float64_and_float32():
     assert len(cases) >= 2000
     tokens, pairs, lengths = pad_batch(cases, 512, np.random.default_rng(4))
     md = vienna_md(RNA)
-    expected = np.array([RNA.fold_compound(vienna_rna_sequence(s), md).eval_structure_pt(RNA.ptable(db)) / 100 for s, db in cases])
+    expected = np.array(
+        [RNA.fold_compound(vienna_rna_sequence(s), md).eval_structure_pt(RNA.ptable(db)) / 100 for s, db in cases]
+    )
     for dtype, tol in ((jnp.float64, 1e-9), (jnp.float32, 1e-4)):
         energy = np.asarray(loop_energy(turner2004(dtype), tokens, pairs, lengths)[0], np.float64)
         np.testing.assert_allclose(energy, expected, rtol=tol, atol=tol)
@@ -333,7 +348,9 @@ def test_other_parameter_sets_against_vienna(tmp_path, name):
         cases += [(fit_sequence(rng, db), db) for db in (random_shape(rng, rng.randint(1, 300)) for _ in range(100))]
         tokens, pairs, lengths = pad_batch(cases, 320, np.random.default_rng(5))
         md = vienna_md(RNA)
-        expected = [RNA.fold_compound(vienna_rna_sequence(s), md).eval_structure_pt(RNA.ptable(db)) / 100 for s, db in cases]
+        expected = [
+            RNA.fold_compound(vienna_rna_sequence(s), md).eval_structure_pt(RNA.ptable(db)) / 100 for s, db in cases
+        ]
         expected = np.where(np.asarray(expected) >= 1e5, np.inf, expected)  # ViennaRNA's INF (Langdon has some)
         energy = loop_energy(params, tokens, pairs, lengths)[0]
         np.testing.assert_allclose(np.asarray(energy), expected, rtol=0, atol=1e-9)
@@ -347,7 +364,9 @@ def test_other_parameter_sets_against_vienna(tmp_path, name):
 @pytest.mark.slow
 def test_long_sequences_up_to_4000(turner64):
     rng = random.Random(33)
-    cases = [(fit_sequence(rng, db), db) for db in (random_shape(rng, n, max_loop=30) for n in (4000, 3999, 2500, 1200))]
+    cases = [
+        (fit_sequence(rng, db), db) for db in (random_shape(rng, n, max_loop=30) for n in (4000, 3999, 2500, 1200))
+    ]
     tokens, pairs, lengths = pad_batch(cases, 4096, np.random.default_rng(6))
     for dtype, tol in ((jnp.float64, 1e-9), (jnp.float32, 2e-6)):
         energy, valid = loop_energy(turner2004(dtype), tokens, pairs, lengths)
