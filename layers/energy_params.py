@@ -67,6 +67,11 @@ grammar reaches; other sets have more (Andronescu 2007 ``interior[2:4]``, Langdo
 the grammar's minimum hairpin of 3 is a rule of the grammar, not of the tables). No table holds
 ``-inf`` or NaN, so sums of entries are never NaN.
 
+ViennaRNA clips ``mismatch_multi``, ``mismatch_exterior``, ``dangle5`` and ``dangle3`` at zero when it
+prepares a parameter set (positive entries, e.g. in Langdon 2018, act as 0 in its eval and
+partition function alike); :func:`load_parameter_file` applies that clip, so the tables hold the
+energies ViennaRNA uses and every evaluator uses them as they are.
+
 N entries: N (and every IUPAC code, see :func:`layers.encode`) is token 4 and is ViennaRNA's base
 0. It pairs with nothing, but as a mismatch/dangle/loop neighbour it indexes the tables' N entries,
 which carry ViennaRNA's values (for ``int22``, ViennaRNA derives them from the ACGU entries when a
@@ -492,7 +497,7 @@ def _read_table(raw: dict, section: str, body, lines: _Lines, header: int) -> No
     width = len(columns)
     table = raw[key]
     data = list(_data_rows(body, lines))
-    for count, (row, (number, tokens)) in enumerate(zip(rows, data)):
+    for row, (number, tokens) in zip(rows, data):
         if len(tokens) != width:
             raise lines.error(number, f"section {section!r} expects {width} values per row, got {len(tokens)}")
         index = tuple(r[i] for r, i in zip(row_axes, row))
@@ -594,7 +599,7 @@ def _read_special(raw: dict, section: str, body, lines: _Lines, header: int) -> 
                 number, f"section {section!r} expects 'SEQUENCE energy enthalpy', got {len(tokens)} fields"
             )
         seq, energy, enthalpy = tokens
-        seq = seq.upper().replace("T", "U")  # DNA sets list T; foldax reads T as U
+        seq = seq.replace("T", "U")  # DNA sets list T; foldax reads T as U
         if len(seq) != length or set(seq) - set("ACGU"):
             raise lines.error(number, f"section {section!r}: {tokens[0]!r} is not {length} letters over ACGU(T)")
         value = _parse_value(energy, lines, number, section)
@@ -702,9 +707,10 @@ def load_parameter_file(path, *, base=None, dtype=jnp.float32) -> dict:
 
 
 def _format_value(value: float) -> str:
+    """An integer dcal/mol value as ViennaRNA writes it (``INF`` for +inf or its INF sentinel)."""
     if value == np.inf or value >= _VIENNA_INF:
         return "   INF"
-    return f"{int(value):6d}"
+    return f"{int(value):5d}"
 
 
 def _warn_lossy(ints: dict) -> None:
@@ -747,6 +753,10 @@ def parameters_to_string(params, *, comment: str | None = None) -> str:
     for seq, e in special.items():
         if not np.isfinite(e):
             raise ValueError(f"cannot save special hairpin {seq!r}: energy {e / 100} is not finite")
+    for length, section in SPECIAL_HAIRPIN_LENGTHS.items():
+        count = sum(1 for seq in special if len(seq) == length)
+        if count > _MAX_SPECIAL_LOOPS:
+            raise ValueError(f"cannot save {count} {section}: ViennaRNA reads at most {_MAX_SPECIAL_LOOPS}")
     pnames = ("NP", "CG", "GC", "GU", "UG", "AU", "UA", " @")
     bnames = "@ACGU"
     out = [_HEADER]
@@ -769,7 +779,7 @@ def parameters_to_string(params, *, comment: str | None = None) -> str:
                 if isinstance(row, str):
                     out.append(row)
                 else:
-                    out.append("".join(_format_value(v) for v in row))
+                    out.append(" ".join(_format_value(v) for v in row))
 
     block("stack", [ints["stack"][p, 1:] for p in range(1, 8)], "/*  CG    GC    GU    UG    AU    UA    @  */")
     for section, key in (
@@ -818,18 +828,19 @@ def parameters_to_string(params, *, comment: str | None = None) -> str:
         "/*\t    cu\t cu_dH\t    cc\t cc_dH\t    ci\t ci_dH  */",
         "\t"
         + "\t".join(
-            f"{int(ints[k]):6d}" for k in ("ml_base", "ml_base", "ml_closing", "ml_closing", "ml_intern", "ml_intern")
+            _format_value(ints[k]) for k in ("ml_base", "ml_base", "ml_closing", "ml_closing", "ml_intern", "ml_intern")
         ),
         "",
         "# NINIO",
         "/* Ninio = MIN(max, m*|n1-n2| */",
         "/*\t    m\t  m_dH     max  */",
-        "\t" + "\t".join(f"{int(ints[k]):6d}" for k in ("ninio", "ninio", "max_ninio")),
+        "\t" + "\t".join(_format_value(ints[k]) for k in ("ninio", "ninio", "max_ninio")),
         "",
         "# Misc",
         "/* all parameters are pairs of 'energy enthalpy' */",
         "/*    DuplexInit     TerminalAU      LXC */",
-        f"   {410:6d} {360:6d} {int(ints['terminal_au']):6d}  {int(ints['terminal_au']):6d} {raw['lxc']:3.6f} {0:6d}",
+        f"   {410:6d} {360:6d} {_format_value(ints['terminal_au'])} {_format_value(ints['terminal_au'])} "
+        f"{raw['lxc']:3.6f} {0:6d}",
     ]
     for section, length in (("Hexaloops", 8), ("Tetraloops", 6), ("Triloops", 5)):
         out += ["", f"# {section}"]
@@ -863,11 +874,6 @@ def save_parameter_file(params, path, *, comment: str | None = None) -> None:
     >>> round(float(again["stack"][0, 0]), 4), round(float(again["special_hairpins"]["CUUCGG"]), 4)
     (-2.4, 3.7)
     """
-    special = params.get("special_hairpins", {}) if isinstance(params, dict) else {}
-    for length, section in SPECIAL_HAIRPIN_LENGTHS.items():
-        count = sum(1 for seq in special if isinstance(seq, str) and len(seq) == length)
-        if count > _MAX_SPECIAL_LOOPS:
-            raise ValueError(f"{count} {section}: ViennaRNA reads at most {_MAX_SPECIAL_LOOPS}")
     text = parameters_to_string(params, comment=comment)
     with open(os.fspath(path), "w", encoding="utf-8") as handle:
         handle.write(text)

@@ -334,6 +334,7 @@ def test_truncated_files(saved_sets, tmp_path):
             r"line 43: section 'Tetraloops' has more than 40 entries",
         ),
         ("# NINIO\n 60 320\n", r"line 3: section 'NINIO' expects 3 values, got 2"),
+        ("# Tetraloops\ncaacgg 550 690\n", r"line 3: section 'Tetraloops': 'caacgg' is not 6 letters over ACGU"),
     ],
 )
 def test_malformed_special_and_scalar_sections(tmp_path, body, message):
@@ -408,6 +409,15 @@ def test_save_warns_about_what_the_format_cannot_carry(tmp_path):
     params["stack"][0, 0] = np.nan
     with pytest.raises(ValueError, match="'stack': it holds NaN"):
         save_parameter_file(params, tmp_path / "c.par")
+
+
+def test_save_rejects_more_special_hairpins_than_vienna_reads(tmp_path):
+    params = as_np(turner2004(jnp.float64))
+    params["special_hairpins"] = {f"G{a}{b}{c}AC": 1.0 for a in "ACGU" for b in "ACGU" for c in "AC"}  # 32
+    save_parameter_file(params, tmp_path / "ok.par")
+    params["special_hairpins"].update({f"C{a}{b}AAG": 1.0 for a in "ACGU" for b in "ACGU"})  # 48
+    with pytest.raises(ValueError, match="cannot save 48 Tetraloops: ViennaRNA reads at most 40"):
+        save_parameter_file(params, tmp_path / "many.par")
 
 
 def test_save_rounds_to_dcal(tmp_path):

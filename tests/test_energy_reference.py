@@ -97,9 +97,7 @@ def _loop_sizes(rng: random.Random, available: int, max_loop: int | None) -> tup
         n1, n2 = rng.randint(0, 40), rng.randint(0, 40)
     while n1 + n2 > cap:
         n1, n2 = n1 // 2, n2 // 2
-    if n1 + n2 == 0 and rng.random() < 0.5:
-        pass  # a stack
-    return n1, n2
+    return n1, n2  # (0, 0) is a stacked pair
 
 
 def random_shape(rng: random.Random, n: int, *, max_loop: int | None = None) -> str:
