@@ -64,6 +64,7 @@ from layers.energy_params import MAX_LOOP, PAIR_INDEX, SPECIAL_HAIRPIN_LENGTHS, 
 __all__ = ["loop_energy"]
 
 _N = 4  # N token: never pairs, never part of a special hairpin
+_MAX_WIDTH = 46000  # (L + 1)^2 must fit the int32 sort keys
 _PAIR_FLAT = PAIR_INDEX.reshape(-1).astype(np.int32)  # pair type of (x, y) at x * 5 + y, -1 if none
 _AU_TYPES = np.array([0, 0, 1, 1, 1, 1], dtype=bool)  # GU UG AU UA get the terminal penalty
 
@@ -85,7 +86,7 @@ def loop_energy(params, tokens, pair_table, lengths=None, *, pf: bool = False):
       params: the Turner parameter pytree (:func:`layers.energy_params.turner2004`).
       tokens: int ``[B, L]`` (or ``[L]``) tokens ``A=0 C=1 G=2 U=3 N=4``.
       pair_table: int ``[B, L]`` (or ``[L]``): 0-based partner of each position, -1 if unpaired.
-      lengths: int ``[B]`` (or scalar) sequence lengths; default ``L``.
+      lengths: int ``[B]`` (or scalar) sequence lengths, clipped to ``[0, L]``; default ``L``.
       pf: ``True`` for the energies of ViennaRNA's partition function (see the module docstring).
 
     Returns:
@@ -101,9 +102,11 @@ def loop_energy(params, tokens, pair_table, lengths=None, *, pf: bool = False):
     if single:
         tokens, pair_table = tokens[None], pair_table[None]
     batch, width = tokens.shape
+    if width > _MAX_WIDTH:
+        raise ValueError(f"sequences of up to {_MAX_WIDTH} positions are supported (int32 sort keys), got {width}")
     if lengths is None:
         lengths = jnp.full((batch,), width, dtype=jnp.int32)
-    lengths = jnp.broadcast_to(jnp.asarray(lengths, dtype=jnp.int32), (batch,))
+    lengths = jnp.clip(jnp.broadcast_to(jnp.asarray(lengths, dtype=jnp.int32), (batch,)), 0, width)
     energy, valid = _batched(params, tokens.astype(jnp.int32), pair_table.astype(jnp.int32), lengths, pf=bool(pf))
     return (energy[0], valid[0]) if single else (energy, valid)
 
