@@ -71,7 +71,19 @@ from layers.alphabet import ALPHABET, encode
 from layers.dotbracket import from_dot_bracket, table_from_pairs, validate_pair_table
 from layers.energy_params import MAX_LOOP, PAIR_INDEX, SCALAR_NAMES, TABLE_SHAPES, check_energy_params
 
-__all__ = ["LoopEnergy", "reference_free_energy", "reference_loop_energies", "as_pair_table", "numpy_params"]
+__all__ = [
+    "LoopEnergy",
+    "reference_free_energy",
+    "reference_loop_energies",
+    "hairpin_energy",
+    "interior_energy",
+    "multiloop_energy",
+    "exterior_energy",
+    "enumerate_turner_structures",
+    "brute_force_ensemble_free_energy",
+    "as_pair_table",
+    "numpy_params",
+]
 
 _AU_TYPES = (2, 3, 4, 5)  # GU UG AU UA get the terminal AU/GU penalty (ViennaRNA: type > 2)
 
@@ -137,6 +149,7 @@ def _au(params: dict, t: int) -> float:
 
 
 def hairpin_energy(params: dict, x, i: int, j: int, *, pf: bool = False) -> float:
+    """Energy of the hairpin closed by (i, j); ``params`` from :func:`numpy_params`, ``x`` tokens."""
     t = int(PAIR_INDEX[x[i], x[j]])
     if t < 0:
         return math.inf
@@ -199,6 +212,7 @@ def interior_energy(params: dict, x, i: int, j: int, k: int, l: int, *, pf: bool
 
 
 def multiloop_energy(params: dict, x, i: int, j: int, branches, unpaired: int) -> float:
+    """Energy of the multiloop closed by (i, j) with the given branches and unpaired count."""
     p = params
     energy = float(p["ml_closing"]) + unpaired * float(p["ml_base"])
     stems = [(j, i)] + list(branches)  # the closing pair is read from inside the loop as (j, i)
@@ -211,6 +225,7 @@ def multiloop_energy(params: dict, x, i: int, j: int, branches, unpaired: int) -
 
 
 def exterior_energy(params: dict, x, branches) -> float:
+    """Energy of the exterior loop with the given outermost pairs (dangles at the sequence ends)."""
     p = params
     n = len(x)
     energy = 0.0
