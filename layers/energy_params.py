@@ -60,9 +60,17 @@ is seen from, ``(p, q)`` with the loop running from ``p`` to ``q`` through the l
   neighbour beyond the sequence end is absent: then ``dangle5[t, x[p-1]]`` (no 3' neighbour) or
   ``dangle3[t, x[q+1]]`` (no 5' neighbour) or nothing (neither) replaces the mismatch.
 
-Entries ViennaRNA has as INF (``hairpin[0:3]``, ``bulge[0]``, ``interior[0:2]``) are ``+inf``:
-the loops they belong to are forbidden (and never reached by a structure the Turner grammar allows,
-so they never meet a finite term of opposite sign: no NaN).
+Entries ViennaRNA has as INF are ``+inf``: the loops that use them are forbidden. In Turner 2004
+these are ``hairpin[0:3]``, ``bulge[0]`` and ``interior[0:2]``, which no structure of the Turner
+grammar reaches; other sets have more (Andronescu 2007 ``interior[2:4]``, Langdon 2018 entries of
+``int21``, ``int22`` and ``mismatch_interior_23``) and fewer (Langdon's ``hairpin[0:3]`` are finite:
+the grammar's minimum hairpin of 3 is a rule of the grammar, not of the tables). No table holds
+``-inf`` or NaN, so sums of entries are never NaN.
+
+ViennaRNA clips ``mismatch_multi``, ``mismatch_exterior``, ``dangle5`` and ``dangle3`` at zero when it
+prepares a parameter set (positive entries, e.g. in Langdon 2018, act as 0 in its eval and
+partition function alike); :func:`load_parameter_file` applies that clip, so the tables hold the
+energies ViennaRNA uses and every evaluator uses them as they are.
 
 N entries: N (and every IUPAC code, see :func:`layers.encode`) is token 4 and is ViennaRNA's base
 0. It pairs with nothing, but as a mismatch/dangle/loop neighbour it indexes the tables' N entries,
@@ -93,6 +101,7 @@ import re
 import warnings
 from importlib import resources
 
+import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
@@ -258,8 +267,6 @@ def _layout_to_raw(dcal: dict) -> dict:
 
 def _from_raw(raw: dict, dtype) -> dict:
     """ViennaRNA layout (dcal/mol) -> foldax pytree (kcal/mol) of ``dtype`` arrays."""
-    import jax.numpy as jnp
-
     out = {}
     for key in TABLE_SHAPES:
         table = raw[key][_vienna_index(key)] if key in _AXES else raw[key]
@@ -318,7 +325,7 @@ def _nulls_to_inf(nested):
     return np.inf if nested is None else nested
 
 
-def turner2004(dtype=None) -> dict:
+def turner2004(dtype=jnp.float32) -> dict:
     """The Turner 2004 parameters (ViennaRNA 2.x's default set) as a pytree of ``dtype`` arrays.
 
     kcal/mol at 37 C, in the layout described in the module docstring; ``dtype`` defaults to
@@ -330,9 +337,7 @@ def turner2004(dtype=None) -> dict:
     >>> float(p["hairpin"][0])
     inf
     """
-    import jax.numpy as jnp
-
-    return _from_raw(_turner2004_raw(), jnp.float32 if dtype is None else dtype)
+    return _from_raw(_turner2004_raw(), dtype)
 
 
 def check_energy_params(params) -> None:
@@ -358,8 +363,7 @@ def check_energy_params(params) -> None:
     for seq, energy in special.items():
         if not isinstance(seq, str) or len(seq) not in SPECIAL_HAIRPIN_LENGTHS or set(seq) - set("ACGU"):
             raise ValueError(
-                f"special hairpin key {seq!r}: expected 5, 6 or 8 letters over ACGU "
-                "(the loop with its closing pair)"
+                f"special hairpin key {seq!r}: expected 5, 6 or 8 letters over ACGU (the loop with its closing pair)"
             )
         if np.shape(energy) != ():
             raise ValueError(f"special hairpin {seq!r} has shape {np.shape(energy)}, expected a scalar")
@@ -423,17 +427,18 @@ def _parse_value(token: str, lines: _Lines, number: int, section: str) -> float 
         return float(_NST)
     if re.fullmatch(r"[+-]?\d+", token):
         return float(int(token))
-    raise lines.error(number, f"section {section!r}: cannot read value {token!r} (expected an integer in dcal/mol, INF, DEF, NST, '*' or 'x')")
+    raise lines.error(
+        number,
+        f"section {section!r}: cannot read value {token!r} (expected an integer in dcal/mol, INF, DEF, NST, '*' or 'x')",
+    )
 
 
-def parameters_from_string(text: str, *, name: str = "<string>", base=None, dtype=None) -> dict:
+def parameters_from_string(text: str, *, name: str = "<string>", base=None, dtype=jnp.float32) -> dict:
     """Parses the text of a ViennaRNA 2.0 parameter file; see :func:`load_parameter_file`."""
-    import jax.numpy as jnp
-
     raw = _turner2004_raw() if base is None else _to_raw(base)
     _parse_into(raw, text, name)
     _clip_dangles(raw)
-    return _from_raw(raw, jnp.float32 if dtype is None else dtype)
+    return _from_raw(raw, dtype)
 
 
 #: Tables ViennaRNA clips at zero when it prepares parameters ("must be <= 0"), for its energy
@@ -492,21 +497,21 @@ def _read_table(raw: dict, section: str, body, lines: _Lines, header: int) -> No
     width = len(columns)
     table = raw[key]
     data = list(_data_rows(body, lines))
-    for count, (row, (number, tokens)) in enumerate(zip(rows, data)):
+    for row, (number, tokens) in zip(rows, data):
         if len(tokens) != width:
             raise lines.error(number, f"section {section!r} expects {width} values per row, got {len(tokens)}")
         index = tuple(r[i] for r, i in zip(row_axes, row))
         for column, token in zip(columns, tokens):
             value = _parse_value(token, lines, number, section)
             if value == "x":
-                raise lines.error(number, f"section {section!r}: 'x' (extrapolation) is only allowed in loop-length tables")
+                raise lines.error(
+                    number, f"section {section!r}: 'x' (extrapolation) is only allowed in loop-length tables"
+                )
             if value != "*":
                 table[index + (column,)] = value
     if len(data) < len(rows):
         last = data[-1][0] if data else header
-        raise lines.error(
-            last, f"section {section!r} ends after {len(data)} of {len(rows)} rows ({width} values each)"
-        )
+        raise lines.error(last, f"section {section!r} ends after {len(data)} of {len(rows)} rows ({width} values each)")
     if len(data) > len(rows):
         raise lines.error(data[len(rows)][0], f"section {section!r} has more than {len(rows)} rows")
     if key == "int22":
@@ -586,11 +591,15 @@ def _read_special(raw: dict, section: str, body, lines: _Lines, header: int) -> 
             listing = False
             continue
         if not listing:
-            raise lines.error(number, f"section {section!r}: entry after a blank or comment line (ViennaRNA would ignore it)")
+            raise lines.error(
+                number, f"section {section!r}: entry after a blank or comment line (ViennaRNA would ignore it)"
+            )
         if len(tokens) != 3:
-            raise lines.error(number, f"section {section!r} expects 'SEQUENCE energy enthalpy', got {len(tokens)} fields")
+            raise lines.error(
+                number, f"section {section!r} expects 'SEQUENCE energy enthalpy', got {len(tokens)} fields"
+            )
         seq, energy, enthalpy = tokens
-        seq = seq.upper().replace("T", "U")  # DNA sets list T; foldax reads T as U
+        seq = seq.replace("T", "U")  # DNA sets list T; foldax reads T as U
         if len(seq) != length or set(seq) - set("ACGU"):
             raise lines.error(number, f"section {section!r}: {tokens[0]!r} is not {length} letters over ACGU(T)")
         value = _parse_value(energy, lines, number, section)
@@ -600,7 +609,9 @@ def _read_special(raw: dict, section: str, body, lines: _Lines, header: int) -> 
         entries.setdefault(seq, value)  # ViennaRNA's lookup finds the first occurrence
         count += 1
         if count > _MAX_SPECIAL_LOOPS:
-            raise lines.error(number, f"section {section!r} has more than {_MAX_SPECIAL_LOOPS} entries (ViennaRNA's limit)")
+            raise lines.error(
+                number, f"section {section!r} has more than {_MAX_SPECIAL_LOOPS} entries (ViennaRNA's limit)"
+            )
     special = {seq: e for seq, e in raw["special_hairpins"].items() if len(seq) != length}
     special.update(entries)
     raw["special_hairpins"] = special
@@ -649,7 +660,7 @@ def _update_nst(table: np.ndarray) -> None:
     a[_NBPAIRS, _NBPAIRS] = a[_NBPAIRS, 1:_NBPAIRS].max(axis=0)
 
 
-def load_parameter_file(path, *, base=None, dtype=None) -> dict:
+def load_parameter_file(path, *, base=None, dtype=jnp.float32) -> dict:
     """Reads a ViennaRNA 2.0 ``.par`` parameter file into the parameter pytree.
 
     The format is the one ``RNA.params_save`` writes and ViennaRNA's ``misc/rna_*.par`` use:
@@ -696,9 +707,10 @@ def load_parameter_file(path, *, base=None, dtype=None) -> dict:
 
 
 def _format_value(value: float) -> str:
+    """An integer dcal/mol value as ViennaRNA writes it (``INF`` for +inf or its INF sentinel)."""
     if value == np.inf or value >= _VIENNA_INF:
         return "   INF"
-    return f"{int(value):6d}"
+    return f"{int(value):5d}"
 
 
 def _warn_lossy(ints: dict) -> None:
@@ -706,15 +718,16 @@ def _warn_lossy(ints: dict) -> None:
     positive = [key for key in CLIPPED_TABLES if (ints[key][1:7] > 0).any()]
     if positive:
         warnings.warn(
-            f"{', '.join(positive)} hold positive energies; ViennaRNA clips these tables at 0 when it "
-            "reads the file", stacklevel=3
+            f"{', '.join(positive)} hold positive energies; ViennaRNA clips these tables at 0 when it reads the file",
+            stacklevel=3,
         )
     derived = ints["int22"].copy()
     _update_nst(derived)
     if not np.array_equal(derived[1:7, 1:7], ints["int22"][1:7, 1:7]):
         warnings.warn(
             "int22 entries with N differ from the maximum over ACGU; the .par format does not store "
-            "them (ViennaRNA and load_parameter_file derive them from the ACGU entries)", stacklevel=3
+            "them (ViennaRNA and load_parameter_file derive them from the ACGU entries)",
+            stacklevel=3,
         )
 
 
@@ -740,6 +753,10 @@ def parameters_to_string(params, *, comment: str | None = None) -> str:
     for seq, e in special.items():
         if not np.isfinite(e):
             raise ValueError(f"cannot save special hairpin {seq!r}: energy {e / 100} is not finite")
+    for length, section in SPECIAL_HAIRPIN_LENGTHS.items():
+        count = sum(1 for seq in special if len(seq) == length)
+        if count > _MAX_SPECIAL_LOOPS:
+            raise ValueError(f"cannot save {count} {section}: ViennaRNA reads at most {_MAX_SPECIAL_LOOPS}")
     pnames = ("NP", "CG", "GC", "GU", "UG", "AU", "UA", " @")
     bnames = "@ACGU"
     out = [_HEADER]
@@ -762,7 +779,7 @@ def parameters_to_string(params, *, comment: str | None = None) -> str:
                 if isinstance(row, str):
                     out.append(row)
                 else:
-                    out.append("".join(_format_value(v) for v in row))
+                    out.append(" ".join(_format_value(v) for v in row))
 
     block("stack", [ints["stack"][p, 1:] for p in range(1, 8)], "/*  CG    GC    GU    UG    AU    UA    @  */")
     for section, key in (
@@ -809,17 +826,21 @@ def parameters_to_string(params, *, comment: str | None = None) -> str:
         "# ML_params",
         "/* F = cu*n_unpaired + cc + ci*loop_degree (+TermAU) */",
         "/*\t    cu\t cu_dH\t    cc\t cc_dH\t    ci\t ci_dH  */",
-        "\t" + "\t".join(f"{int(ints[k]):6d}" for k in ("ml_base", "ml_base", "ml_closing", "ml_closing", "ml_intern", "ml_intern")),
+        "\t"
+        + "\t".join(
+            _format_value(ints[k]) for k in ("ml_base", "ml_base", "ml_closing", "ml_closing", "ml_intern", "ml_intern")
+        ),
         "",
         "# NINIO",
         "/* Ninio = MIN(max, m*|n1-n2| */",
         "/*\t    m\t  m_dH     max  */",
-        "\t" + "\t".join(f"{int(ints[k]):6d}" for k in ("ninio", "ninio", "max_ninio")),
+        "\t" + "\t".join(_format_value(ints[k]) for k in ("ninio", "ninio", "max_ninio")),
         "",
         "# Misc",
         "/* all parameters are pairs of 'energy enthalpy' */",
         "/*    DuplexInit     TerminalAU      LXC */",
-        f"   {410:6d} {360:6d} {int(ints['terminal_au']):6d}  {int(ints['terminal_au']):6d} {raw['lxc']:3.6f} {0:6d}",
+        f"   {410:6d} {360:6d} {_format_value(ints['terminal_au'])} {_format_value(ints['terminal_au'])} "
+        f"{raw['lxc']:3.6f} {0:6d}",
     ]
     for section, length in (("Hexaloops", 8), ("Tetraloops", 6), ("Triloops", 5)):
         out += ["", f"# {section}"]
@@ -853,11 +874,6 @@ def save_parameter_file(params, path, *, comment: str | None = None) -> None:
     >>> round(float(again["stack"][0, 0]), 4), round(float(again["special_hairpins"]["CUUCGG"]), 4)
     (-2.4, 3.7)
     """
-    special = params.get("special_hairpins", {}) if isinstance(params, dict) else {}
-    for length, section in SPECIAL_HAIRPIN_LENGTHS.items():
-        count = sum(1 for seq in special if isinstance(seq, str) and len(seq) == length)
-        if count > _MAX_SPECIAL_LOOPS:
-            raise ValueError(f"{count} {section}: ViennaRNA reads at most {_MAX_SPECIAL_LOOPS}")
     text = parameters_to_string(params, comment=comment)
     with open(os.fspath(path), "w", encoding="utf-8") as handle:
         handle.write(text)

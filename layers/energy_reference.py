@@ -12,7 +12,7 @@ With ``t(p, q)`` the pair type of (x_p, x_q) (:data:`~layers.energy_params.PAIR_
   ``L(u) = hairpin[u]`` (u <= 30) or ``hairpin[30] + ext(u)``. If the sequence x[i..j] is a
   special hairpin (u = 3, 4, 6) its tabulated energy is the whole loop energy; otherwise u = 3
   gives ``L(3) + AU(t(i,j))`` and u >= 4 gives ``L(u) + mismatch_hairpin[t(i,j), x[i+1], x[j-1]]``.
-  u < 3 gives ``hairpin[u]`` = +inf.
+  u < 3 gives ``hairpin[u]`` (+inf in Turner 2004).
 * **stack / bulge / interior** loop between outer (i, j) and inner (k, l), n1 = k - i - 1,
   n2 = j - l - 1, T = t(i, j), T' = t(l, k) (the inner pair read from inside):
   stack ``stack[T, T']``; bulge (one side 0, other n) ``bulge[n]`` (+ ``stack[T, T']`` if n = 1,
@@ -46,10 +46,11 @@ also clips ``mismatch_multi``, ``mismatch_exterior``, ``dangle5`` and ``dangle3`
 and partition function alike; :func:`~layers.energy_params.load_parameter_file` applies that clip
 when it reads a file, so the tables here are used as they are.)
 
-Structures with a pair that is not AU, CG, GU (either orientation) get +inf, as do hairpins
-with fewer than 3 unpaired bases (the tables' +inf). Loops larger than 30 are evaluated by
-extrapolation like ViennaRNA's eval, although the Turner grammar (and ViennaRNA's folding) never
-produces interior loops or bulges of more than 30 nucleotides.
+Structures with a pair that is not AU, CG, GU (either orientation) get +inf; a loop that uses a
++inf table entry (hairpins with fewer than 3 unpaired bases in Turner 2004) is +inf, where
+ViennaRNA's integer eval returns its INF sentinel (>= 100000 kcal/mol). Loops larger than 30 are
+evaluated by extrapolation like ViennaRNA's eval, although the Turner grammar (and ViennaRNA's
+folding) never produces interior loops or bulges of more than 30 nucleotides.
 
 >>> from layers.energy_params import turner2004
 >>> params = turner2004()
@@ -70,7 +71,19 @@ from layers.alphabet import ALPHABET, encode
 from layers.dotbracket import from_dot_bracket, table_from_pairs, validate_pair_table
 from layers.energy_params import MAX_LOOP, PAIR_INDEX, SCALAR_NAMES, TABLE_SHAPES, check_energy_params
 
-__all__ = ["LoopEnergy", "reference_free_energy", "reference_loop_energies", "as_pair_table", "numpy_params"]
+__all__ = [
+    "LoopEnergy",
+    "reference_free_energy",
+    "reference_loop_energies",
+    "hairpin_energy",
+    "interior_energy",
+    "multiloop_energy",
+    "exterior_energy",
+    "enumerate_turner_structures",
+    "brute_force_ensemble_free_energy",
+    "as_pair_table",
+    "numpy_params",
+]
 
 _AU_TYPES = (2, 3, 4, 5)  # GU UG AU UA get the terminal AU/GU penalty (ViennaRNA: type > 2)
 
@@ -89,7 +102,9 @@ def numpy_params(params) -> dict:
     """The parameter pytree as float64 NumPy arrays (special hairpins as Python floats)."""
     check_energy_params(params)
     out = {key: np.asarray(params[key], dtype=np.float64) for key in list(TABLE_SHAPES) + list(SCALAR_NAMES)}
-    out["special_hairpins"] = {seq: float(np.asarray(e, dtype=np.float64)) for seq, e in params["special_hairpins"].items()}
+    out["special_hairpins"] = {
+        seq: float(np.asarray(e, dtype=np.float64)) for seq, e in params["special_hairpins"].items()
+    }
     return out
 
 
@@ -134,6 +149,7 @@ def _au(params: dict, t: int) -> float:
 
 
 def hairpin_energy(params: dict, x, i: int, j: int, *, pf: bool = False) -> float:
+    """Energy of the hairpin closed by (i, j); ``params`` from :func:`numpy_params`, ``x`` tokens."""
     t = int(PAIR_INDEX[x[i], x[j]])
     if t < 0:
         return math.inf
@@ -196,6 +212,7 @@ def interior_energy(params: dict, x, i: int, j: int, k: int, l: int, *, pf: bool
 
 
 def multiloop_energy(params: dict, x, i: int, j: int, branches, unpaired: int) -> float:
+    """Energy of the multiloop closed by (i, j) with the given branches and unpaired count."""
     p = params
     energy = float(p["ml_closing"]) + unpaired * float(p["ml_base"])
     stems = [(j, i)] + list(branches)  # the closing pair is read from inside the loop as (j, i)
@@ -208,6 +225,7 @@ def multiloop_energy(params: dict, x, i: int, j: int, branches, unpaired: int) -
 
 
 def exterior_energy(params: dict, x, branches) -> float:
+    """Energy of the exterior loop with the given outermost pairs (dangles at the sequence ends)."""
     p = params
     n = len(x)
     energy = 0.0
@@ -273,8 +291,8 @@ def reference_free_energy(params, sequence, structure, *, pf: bool = False) -> f
 
     Equals ViennaRNA's ``fold_compound(seq).eval_structure`` (default model) for ``pf=False``; with
     ``pf=True`` it is the energy whose Boltzmann factor ViennaRNA's partition function
-    (``md.pf_smooth = 0``) gives the structure. +inf for non-canonical pairs and hairpins shorter
-    than 3. See the module docstring for the formulas.
+    (``md.pf_smooth = 0``) gives the structure. +inf for non-canonical pairs and for loops that use
+    a +inf entry. See the module docstring for the formulas.
 
     >>> from layers.energy_params import turner2004
     >>> round(reference_free_energy(turner2004(), "GCUUCGGC", [(0, 7), (1, 6)]), 6)  # UUCG tetraloop
@@ -284,7 +302,9 @@ def reference_free_energy(params, sequence, structure, *, pf: bool = False) -> f
 
 
 def _is_numpy(params) -> bool:
-    return isinstance(params, dict) and isinstance(params.get("stack"), np.ndarray) and params["stack"].dtype == np.float64
+    return (
+        isinstance(params, dict) and isinstance(params.get("stack"), np.ndarray) and params["stack"].dtype == np.float64
+    )
 
 
 # --------------------------------------------------------------------------- #
@@ -323,7 +343,7 @@ def enumerate_turner_structures(sequence, *, min_hairpin: int = 3, max_loop: int
         memo[(i, j)] = out
         return out
 
-    for pairs in (inside(0, n - 1) if n else [()]):
+    for pairs in inside(0, n - 1) if n else [()]:
         if max_loop is None or _largest_interior_loop(pairs, n) <= max_loop:
             yield tuple(sorted(pairs))
 

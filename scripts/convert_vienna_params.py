@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from layers import energy_params as ep  # noqa: E402
+from layers import energy_params as ep  # noqa: E402  (after the sys.path line)
 
 OUT = pathlib.Path(__file__).resolve().parents[1] / "layers" / "data" / "rna_turner2004.json"
 
@@ -127,11 +127,15 @@ def main(argv=None) -> int:
     if args.check:
         packaged = json.loads(args.out.read_text())
         same = all(packaged[k] == data[k] for k in ("tables", "scalars", "special_hairpins"))
-        print(f"{args.out}: {'identical to' if same else 'DIFFERS from'} ViennaRNA {data['provenance']['viennarna_version']}")
+        print(
+            f"{args.out}: {'identical to' if same else 'DIFFERS from'} ViennaRNA {data['provenance']['viennarna_version']}"
+        )
         return 0 if same else 1
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(dumps(data))
-    print(f"wrote {args.out} ({args.out.stat().st_size / 1e3:.0f} kB) from ViennaRNA {data['provenance']['viennarna_version']}")
+    print(
+        f"wrote {args.out} ({args.out.stat().st_size / 1e3:.0f} kB) from ViennaRNA {data['provenance']['viennarna_version']}"
+    )
     return 0
 
 

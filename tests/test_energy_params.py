@@ -11,11 +11,10 @@ import json
 import re
 import warnings
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 
 from layers import energy_params as ep
 from layers.energy_params import (
@@ -77,7 +76,10 @@ def assert_params_equal(a, b):
 def vienna_arrays(RNA) -> dict:
     """The tables the SWIG wrapper exposes, in foldax layout and kcal/mol."""
     P = RNA.param(RNA.md())
-    inf = lambda a: np.where(np.asarray(a) >= 10000000, np.inf, np.asarray(a) / 100)  # noqa: E731
+
+    def inf(a):
+        return np.where(np.asarray(a) >= 10000000, np.inf, np.asarray(a) / 100)
+
     special = {}
     for names, energies in ((P.Triloops, P.Triloop_E), (P.Tetraloops, P.Tetraloop_E), (P.Hexaloops, P.Hexaloop_E)):
         for index, seq in enumerate(names.split()):
@@ -265,10 +267,19 @@ def _line_of(lines, header):
     "edit, message",
     [
         (lambda L: ["## RNAfold parameter file"] + L[1:], r"x\.par line 1: not a ViennaRNA 2\.0 parameter file"),
-        (lambda L: L[:4] + ["  -240  -330  -210  -140  -210"] + L[5:], r"x\.par line 5: section 'stack' expects 7 values per row, got 5"),
+        (
+            lambda L: L[:4] + ["  -240  -330  -210  -140  -210"] + L[5:],
+            r"x\.par line 5: section 'stack' expects 7 values per row, got 5",
+        ),
         (lambda L: L[:4] + [L[4] + "  -10"] + L[5:], r"x\.par line 5: section 'stack' expects 7 values per row, got 8"),
-        (lambda L: L[:5] + [L[5].replace("-330", "-3.3")] + L[6:], r"x\.par line 6: section 'stack': cannot read value '-3\.3'"),
-        (lambda L: L[:6] + [L[6].replace("130", "-1i40", 1)] + L[7:], r"x\.par line 7: section 'stack': cannot read value '-1i40'"),
+        (
+            lambda L: L[:5] + [L[5].replace("-330", "-3.3")] + L[6:],
+            r"x\.par line 6: section 'stack': cannot read value '-3\.3'",
+        ),
+        (
+            lambda L: L[:6] + [L[6].replace("130", "-1i40", 1)] + L[7:],
+            r"x\.par line 7: section 'stack': cannot read value '-1i40'",
+        ),
         (lambda L: L[:4] + [L[4] + " /* open"] + L[5:], r"x\.par line 5: unclosed comment"),
         (lambda L: L[:10] + [L[10], L[10]] + L[11:], r"x\.par line 12: section 'stack' has more than 7 rows"),
         (lambda L: L[:9] + L[11:], r"x\.par line 9: section 'stack' ends after 5 of 7 rows"),
@@ -288,7 +299,9 @@ def test_truncated_files(saved_sets, tmp_path):
     path = tmp_path / "cut.par"
     start = _line_of(lines, "# int21")
     path.write_text("\n".join(lines[: start + 100]) + "\n")  # 100 lines into int21
-    with pytest.raises(ValueError, match=rf"cut\.par line {start + 100}: section 'int21' ends after 83 of 1225 rows \(5 values each\)"):
+    with pytest.raises(
+        ValueError, match=rf"cut\.par line {start + 100}: section 'int21' ends after 83 of 1225 rows \(5 values each\)"
+    ):
         load_parameter_file(path)
     start = _line_of(lines, "# hairpin")
     path.write_text("\n".join(lines[: start + 2]) + "\n")
@@ -307,11 +320,21 @@ def test_truncated_files(saved_sets, tmp_path):
     "body, message",
     [
         ("# Tetraloops\nCAACG 550 690\n", r"line 3: section 'Tetraloops': 'CAACG' is not 6 letters"),
-        ("# Tetraloops\nCAACGG 550\n", r"line 3: section 'Tetraloops' expects 'SEQUENCE energy enthalpy', got 2 fields"),
-        ("# Triloops\nCAACG 680 2370\n\nGUUAC 690 1080\n", r"line 5: section 'Triloops': entry after a blank or comment line"),
+        (
+            "# Tetraloops\nCAACGG 550\n",
+            r"line 3: section 'Tetraloops' expects 'SEQUENCE energy enthalpy', got 2 fields",
+        ),
+        (
+            "# Triloops\nCAACG 680 2370\n\nGUUAC 690 1080\n",
+            r"line 5: section 'Triloops': entry after a blank or comment line",
+        ),
         ("# Hexaloops\nACAGUACU 2.8 0\n", r"line 3: section 'Hexaloops': cannot read value '2\.8'"),
-        ("# Tetraloops\n" + "".join(f"GAA{a}{b}C 100 0\n" for a in "ACGU" for b in "ACGU" for _ in range(3)), r"line 43: section 'Tetraloops' has more than 40 entries"),
+        (
+            "# Tetraloops\n" + "".join(f"GAA{a}{b}C 100 0\n" for a in "ACGU" for b in "ACGU" for _ in range(3)),
+            r"line 43: section 'Tetraloops' has more than 40 entries",
+        ),
         ("# NINIO\n 60 320\n", r"line 3: section 'NINIO' expects 3 values, got 2"),
+        ("# Tetraloops\ncaacgg 550 690\n", r"line 3: section 'Tetraloops': 'caacgg' is not 6 letters over ACGU"),
     ],
 )
 def test_malformed_special_and_scalar_sections(tmp_path, body, message):
@@ -386,6 +409,15 @@ def test_save_warns_about_what_the_format_cannot_carry(tmp_path):
     params["stack"][0, 0] = np.nan
     with pytest.raises(ValueError, match="'stack': it holds NaN"):
         save_parameter_file(params, tmp_path / "c.par")
+
+
+def test_save_rejects_more_special_hairpins_than_vienna_reads(tmp_path):
+    params = as_np(turner2004(jnp.float64))
+    params["special_hairpins"] = {f"G{a}{b}{c}AC": 1.0 for a in "ACGU" for b in "ACGU" for c in "AC"}  # 32
+    save_parameter_file(params, tmp_path / "ok.par")
+    params["special_hairpins"].update({f"C{a}{b}AAG": 1.0 for a in "ACGU" for b in "ACGU"})  # 48
+    with pytest.raises(ValueError, match="cannot save 48 Tetraloops: ViennaRNA reads at most 40"):
+        save_parameter_file(params, tmp_path / "many.par")
 
 
 def test_save_rounds_to_dcal(tmp_path):
