@@ -673,8 +673,8 @@ def format_result(result: FoldResult, fmt: str = "dbn", *, comments: bool = Fals
                 text += f"{mark}{ensemble_string(result.probs)} {_ensemble_value(result)}\n"
                 diversity = f"; ensemble diversity {ensemble_diversity(result.probs):.2f}"
             else:
-                text += f"{mark}{'ensemble free energy' if result.is_energy else 'ensemble'} " \
-                        f"{_ensemble_value(result)}\n"
+                label = "ensemble free energy" if result.is_energy else "ensemble"
+                text += f"{mark}{label} {_ensemble_value(result)}\n"
             text += f"{mark} frequency of the structure in the ensemble {result.probability:.6g}{diversity}\n"
         return text
     if fmt == "bpseq":

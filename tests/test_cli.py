@@ -364,9 +364,11 @@ def saved_workdir(path, checkpoints, *, name="stacking", min_hairpin=3, perturb=
     from flax import nnx
 
     from train import train as trainer
+    from pathlib import Path
+
     from train.main import load_config_file
 
-    config = load_config_file("tiny")
+    config = load_config_file(str(Path(__file__).resolve().parents[1] / "configs" / "tiny.py"))
     config.model.name, config.model.min_hairpin = name, min_hairpin
     config.model.features, config.model.pair_features, config.model.num_layers = 8, 4, 1
     path.mkdir()

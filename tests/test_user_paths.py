@@ -18,6 +18,7 @@ from train import train as trainer
 from train.main import load_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "configs" / "tiny.py")
 
 
 def write_dbn(path, num, *, seed, prefix):
@@ -36,7 +37,7 @@ def write_dbn(path, num, *, seed, prefix):
 
 
 def files_config(**files):
-    config = load_config_file("tiny")
+    config = load_config_file(TINY)
     for key, value in files.items():
         config.data[key] = value
     return config
@@ -118,7 +119,7 @@ def test_foldax_train_stores_absolute_paths(tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr(trainer, "train_and_evaluate", lambda config, workdir: seen.append(config) or {})
     monkeypatch.chdir(tmp_path)
-    argv = ["train", "--config", "tiny", "--workdir", "run", "--config.data.train_files=train.dbn,more/*.dbn",
+    argv = ["train", "--config", TINY, "--workdir", "run", "--config.data.train_files=train.dbn,more/*.dbn",
             "--config.data.valid_files", "valid.dbn", "--config.model.init=init.npz"]
     assert train_main.main(argv) == 0
     data = seen[-1].data
@@ -128,7 +129,7 @@ def test_foldax_train_stores_absolute_paths(tmp_path, monkeypatch):
 
     # a run saved before paths were stored absolute: its paths stay as they were, new overrides are absolute
     (tmp_path / "old").mkdir()
-    saved = load_config_file("tiny")
+    saved = load_config_file(TINY)
     saved.data.train_files = "train.dbn"
     (tmp_path / "old" / "config.json").write_text(saved.to_json_best_effort())
     assert train_main.main(["train", "--workdir", "old", "--config.data.eval_files=test.dbn"]) == 0
@@ -160,7 +161,7 @@ def test_train_with_relative_paths_then_eval_and_resume_elsewhere(tmp_path, monk
                 "--config.data.eval_buckets=(32,)", "--config.batch_size=4", "--config.eval_batch_size=4",
                 "--config.num_train_steps=2", "--config.eval_every=2", "--config.checkpoint_every=2",
                 "--config.progress_bar=false"]
-    assert train_main.main(["train", "--config", "configs/tiny.py", "--workdir", "run",
+    assert train_main.main(["train", "--config", TINY, "--workdir", "run",
                             "--config.data.train_files=data/train.dbn", "--config.data.valid_files=data/valid.dbn",
                             "--config.data.eval_files=data/test.dbn", *settings]) == 0
     saved = json.loads((project / "run" / "config.json").read_text())["data"]

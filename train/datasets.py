@@ -330,6 +330,7 @@ def load_splits(data_cfg, *, min_hairpin: int, seed: int = 0, splits: Sequence[s
         if not out[split]:
             raise ValueError(f"the {split} split is empty after cleaning ({out.sources[split]}; {len(examples)} "
                              f"before cleaning); check config.data")
+    log.info("data: %s", describe_splits(out))
     if "valid" in out and len(out["valid"]) < SMALL_VALID:
         log.warning("the validation split has only %d example(s) (%s): the best checkpoint is picked on them, so "
                     "the choice is noisy; give more (config.data.valid_files, config.data.max_valid_examples)",
