@@ -13,21 +13,32 @@ Subcommands::
     SEQUENCE
     STRUCTURE (score)
 
-``score`` is the model score of the structure (higher is better; it is not a free
-energy). With ``-p`` two more lines follow: RNAfold's pseudo-bracket summary of the
-pair probabilities with ``[log Z]``, and the structure's probability in the
-ensemble with the ensemble diversity. ``--format bpseq|ct`` prints those formats
-instead (score and log Z in the header/comments). Output files with ``-o PREFIX``
-(PREFIX may be a directory: ``out/``), one set per record, named from the record id
-(characters other than ``A-Za-z0-9._+-`` become ``_``; a repeated id gets ``_2``...):
+``score`` is the model score of the structure (a natural-log weight, higher is
+better; it is not a free energy -- only a model that declares its scores energies,
+see :class:`foldax.fold.FoldModel`, prints a free energy in kcal/mol here, as
+RNAfold). With ``-p`` two more lines follow: RNAfold's pseudo-bracket summary of the
+pair probabilities with ``[log Z = ...]`` (an energy model: RNAfold's ``[ensemble
+free energy]``), and the structure's probability in the ensemble with the ensemble
+diversity. ``--format bpseq|ct`` prints those formats instead (score and log Z in
+the header/comments; a CT header says ``score = S``, and ``ENERGY = E`` only for an
+energy model). Output files with ``-o PREFIX`` (PREFIX may be a directory:
+``out/``), one set per record, named from the record id (characters other than
+``A-Za-z0-9._+-`` become ``_``; a repeated id gets ``_2``...):
 
 * ``PREFIX<id>.<dbn|bpseq|ct>``: what was printed for the record (in .dbn files the
   two ``-p`` lines start with ``# ``, so every file reads back with ``data.formats``);
-* ``PREFIX<id>_bpp.txt`` (with ``-p``): ``i j p`` lines, 1-based, ``i < j``, ``p >= --bpp-cutoff``;
+* ``PREFIX<id>_bpp.txt`` (with ``-p``): two ``#`` header lines, then ``i j p`` lines,
+  1-based, ``i < j``, ``p >= --bpp-cutoff``;
 * ``PREFIX<id>_dp.png`` and ``PREFIX<id>_arc.png`` (with ``--plot``; without ``-o``
-  they go to the current directory): the dot plot (upper triangle: pair
-  probabilities; lower triangle: the predicted structure and the reference, if the
-  input had one) and the arc diagram.
+  they go to the current directory, and stderr says so): the dot plot (upper
+  triangle: pair probabilities, square-root shading; lower triangle: the predicted
+  structure -- the decoder is named in the title -- and the reference, if the input
+  had one) and the arc diagram.
+
+``--params`` takes an ``.npz`` (``foldax export-params``) or a training workdir: then
+the workdir's best checkpoint (``--checkpoint latest``: its latest) is restored as
+the whole model -- a neural model folds with its ``phi`` network -- and stderr says
+which checkpoint it was (a ``params.npz`` in the workdir is not used).
 
 Exit status: 0 on success; 1 for bad input (every bad record is reported, naming
 its id, ``file:line`` and the position of the bad character) or bad parameters;
@@ -67,34 +78,62 @@ def _pos_float(text):
     return value
 
 
+SUBCOMMANDS = {
+    "fold": "predict secondary structures (and pair probabilities, dot plots) for sequences",
+    "plot": "plot the training curves (loss, validation F1) of a training workdir",
+    "train": "train (or resume) a model in a workdir from a config",
+    "eval": "metrics of a training workdir's best (or latest) checkpoint on a split",
+    "export-params": "write a training workdir's score tensors to an .npz (for --params)",
+}
+
+MAIN_EPILOG = """\
+examples:
+  foldax fold GGGGAAACCCC                                   best structure and its score
+  foldax fold -i seqs.fa -p --mea --gamma 2 -o out/ --plot  log Z, bpp files, dot plots
+  foldax train --config default --workdir runs/default      train on ArchiveII (tRNA held out)
+  foldax train --config tiny --workdir runs/tiny --config.num_train_steps=60 --config.batch_size=16
+  foldax eval --workdir runs/default                        test metrics of the best checkpoint
+  foldax fold -i seqs.fa --params runs/default              fold with the trained model
+
+train and eval take any config field as --config.a.b=VALUE (e.g. --config.optimizer.learning_rate=0.01,
+--config.data.train_files=mine.dbn); 'foldax COMMAND --help' tells more.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="foldax", description="Fold RNAs with the foldax inside algorithm, plot, and train its scores.")
+        prog="foldax", description="Fold RNAs with the foldax inside algorithm, plot, and train its scores.",
+        epilog=MAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
     fold = sub.add_parser(
-        "fold", help="predict secondary structures (and pair probabilities) for sequences",
+        "fold", help=SUBCOMMANDS["fold"],
         description="Predict secondary structures. Input: sequences or files as arguments, -i FILE, or "
                     "stdin (FASTA, plain one-per-line, or dot-bracket with reference structures; "
                     ".bpseq/.ct/.tsv files by extension).",
-        epilog="Output: '>id', the sequence, 'structure (score)' per record (score: model score, higher is "
-               "better); see 'foldax/cli.py' for the files written with -o and --plot. Exit status: 0 ok, "
-               "1 bad input or parameters, 2 usage.")
+        epilog="Output: '>id', the sequence, 'structure (score)' per record (score: the model's log-score, "
+               "higher is better, not a free energy); with -p also 'ensemble [log Z = ...]' and the "
+               "structure's frequency. See 'foldax/cli.py' for the files written with -o and --plot. Exit "
+               "status: 0 ok, 1 bad input or parameters, 2 usage.")
     fold.add_argument("inputs", nargs="*", metavar="SEQ|FILE",
-                      help="sequences to fold, or files to read (an existing path is read as a file)")
+                      help="sequences to fold, or files to read (an existing path is read as a file; an argument "
+                           "with '/' or '.' is always a path)")
     fold.add_argument("-i", "--input", metavar="FILE", help="read records from FILE ('-' = stdin)")
     fold.add_argument("--params", metavar="NPZ|WORKDIR",
-                      help="trained scores: an .npz from 'foldax export-params' or a training workdir "
-                           "(default: layers.default_params(), the built-in hand-set scores)")
+                      help="trained model: an .npz from 'foldax export-params', or a training workdir (its best "
+                           "checkpoint, the whole model; default: layers.default_params(), the built-in scores)")
+    fold.add_argument("--checkpoint", choices=("best", "latest"), default=None,
+                      help="with --params WORKDIR: the best checkpoint by the validation metric (default) or "
+                           "the latest")
     fold.add_argument("--mea", action="store_true",
                       help="print the maximum expected accuracy structure (from pair probabilities) "
                            "instead of the best-scoring one")
     fold.add_argument("--gamma", type=_pos_float, default=None, help="MEA pair weight (default 1.0; needs --mea)")
     fold.add_argument("-p", "--partition", action="store_true",
                       help="also compute log Z and base-pair probabilities (ensemble line; _bpp.txt with -o)")
-    fold.add_argument("--min-hairpin", type=_nonneg_int, default=3, metavar="N",
-                      help="a pair (i, j) needs j - i > N (default 3)")
+    fold.add_argument("--min-hairpin", type=_nonneg_int, default=None, metavar="N",
+                      help="a pair (i, j) needs j - i > N (default: the model's, 3)")
     fold.add_argument("--format", choices=("dbn", "bpseq", "ct"), default="dbn", help="output format (default dbn)")
     fold.add_argument("-o", "--prefix", metavar="PREFIX",
                       help="also write one file per record: PREFIX<id>.<format> (PREFIX may be a directory 'dir/')")
@@ -107,14 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
     fold.add_argument("--batch-size", type=_pos_int, default=None, metavar="B",
                       help="at most B sequences per batched call (default: by length, at most 64)")
 
-    plot = sub.add_parser("plot", help="plot training curves (loss, validation F1) of a training workdir")
+    plot = sub.add_parser("plot", help=SUBCOMMANDS["plot"])
     plot.add_argument("--workdir", required=True, help="training workdir (TensorBoard event files / metrics.jsonl)")
     plot.add_argument("-o", "--output", metavar="PNG", help="output file (default WORKDIR/training_curves.png)")
     plot.add_argument("--loss-tags", nargs="+", metavar="TAG", help="tags for the loss panel (default: tags named loss, */loss, *_loss)")
     plot.add_argument("--f1-tags", nargs="+", metavar="TAG", help="tags for the F1 panel (default: tags named f1, */f1, *_f1)")
 
     for name in FORWARDED:
-        fwd = sub.add_parser(name, help=f"{name} (see 'foldax {name} --help')", add_help=False)
+        fwd = sub.add_parser(name, help=f"{SUBCOMMANDS[name]} (see 'foldax {name} --help')", add_help=False)
         fwd.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 
@@ -143,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "fold":
         if args.gamma is not None and not args.mea:
             print("foldax fold: error: --gamma needs --mea", file=sys.stderr)
+            return 2
+        if args.checkpoint is not None and not (args.params and os.path.isdir(args.params)):
+            print("foldax fold: error: --checkpoint needs --params WORKDIR (a training workdir)", file=sys.stderr)
             return 2
         return run_fold(args)
     if args.command == "plot":
@@ -190,17 +232,21 @@ def run_fold(args) -> int:
         _err("error: no sequences to fold" + (" (all records were invalid)" if errors else ""))
         return 1
     try:
-        params = F.load_params(args.params)
+        model = F.load_model(args.params, checkpoint=args.checkpoint or "best")
     except (OSError, ValueError) as err:
         _err(f"error: {err}")
         return 1
+    for note in model.notes:
+        _err(note)
 
     stems = F.output_names(r.id for r in records)
     want_probs = args.partition or args.plot
     gamma = 1.0 if args.gamma is None else args.gamma
+    decoder = decoder_name(model, mea=args.mea, gamma=gamma)
+    plotted = []
     for start in range(0, len(records), BLOCK):
         block = records[start:start + BLOCK]
-        results = F.fold_records(params, block, mea=args.mea, gamma=gamma, partition=args.partition,
+        results = F.fold_records(model, block, mea=args.mea, gamma=gamma, partition=args.partition,
                                  probs=want_probs, min_hairpin=args.min_hairpin, batch_size=args.batch_size)
         for result, stem in zip(results, stems[start:start + BLOCK]):
             text = F.format_result(result, args.format)
@@ -211,20 +257,35 @@ def run_fold(args) -> int:
             if args.prefix is not None:
                 _write(f"{base}.{args.format}", F.format_result(result, args.format, comments=True))
                 if args.partition:
-                    _write(f"{base}_bpp.txt", F.bpp_lines(result.probs, args.bpp_cutoff))
+                    _write(f"{base}_bpp.txt", F.bpp_text(result, args.bpp_cutoff))
             if args.plot:
-                _plot_result(result, base)
+                plotted.extend(_plot_result(result, base, decoder))
         sys.stdout.flush()
+    if plotted and args.prefix is None:
+        shown = ", ".join(plotted[:4]) + (f" and {len(plotted) - 4} more" if len(plotted) > 4 else "")
+        _err(f"--plot without -o: wrote {len(plotted)} PNG file(s) to the current directory {os.getcwd()}: "
+             f"{shown} (use -o DIR/ to choose where)")
     return 0
 
 
-def _plot_result(result, base: str) -> None:
+def decoder_name(model, *, mea: bool, gamma: float) -> str:
+    """How the printed structure was chosen, for plot titles: ``MEA structure (gamma 2)``,
+    ``minimum free energy structure`` (an energy model) or ``best-scoring structure``."""
+    if mea:
+        return f"MEA structure (gamma {gamma:g})"
+    return "minimum free energy structure" if model.energy_kT is not None else "best-scoring structure"
+
+
+def _plot_result(result, base: str, decoder: str) -> list[str]:
     from foldax import plots
 
     rec = result.record
-    plots.dot_plot(result.probs, result.structure, rec.reference, rec.sequence, path=f"{base}_dp.png",
-                   title=rec.id)
-    plots.arc_diagram(result.structure, rec.reference, rec.sequence, path=f"{base}_arc.png", title=rec.id)
+    title = f"{rec.id}: {decoder}" + (" vs reference" if rec.reference is not None else "")
+    paths = [f"{base}_dp.png", f"{base}_arc.png"]
+    plots.dot_plot(result.probs, result.structure, rec.reference, rec.sequence, path=paths[0], title=title,
+                   structure_label=decoder)
+    plots.arc_diagram(result.structure, rec.reference, rec.sequence, path=paths[1], title=title)
+    return paths
 
 
 # --------------------------------------------------------------------------- #

@@ -23,7 +23,18 @@ Input (:func:`read_inputs`), in the habits of RNAfold:
 * sequences given on the command line.
 
 Letters as in :func:`layers.encode`: ``ACGU``, ``T`` (read as ``U``), ``N`` and the
-IUPAC codes, any case; printed upper case with ``T`` as ``U``.
+IUPAC codes, any case; printed upper case with ``T`` as ``U``. A positional argument
+that is neither a sequence nor an existing file is reported as such (``no such
+file`` when it looks like a path: it holds ``/``, ``\\``, ``.`` or starts with ``~``).
+
+What is folded with is a :class:`FoldModel` (:func:`load_model`): score tensors, an
+optional ``phi`` network (a trained :class:`model.models.NeuralPhiModel`), the
+model's ``min_hairpin``, and the units of its scores. A score is a natural-log
+weight, ``score(s) = log w(s)``. For most models it is a plain score (higher is
+better) and is printed as ``score``, with ``log Z`` beside it; a model whose
+log-weights are ``-E(s) / kT`` of a free energy declares ``energy_kT = kT``
+(kcal/mol), and then structures are printed with their free energy ``E = -kT
+score`` and the ensemble with ``-kT log Z``, as RNAfold does.
 """
 
 from __future__ import annotations
@@ -76,15 +87,71 @@ class InputRecord:
     source: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class FoldModel:
+    """What ``foldax fold`` folds with.
+
+    ``params``: the score tensors (anything :mod:`layers` accepts). ``phi_fn``:
+    ``(tokens [B, L], lengths [B]) -> phi [B, L, L]`` extra pair scores (a trained
+    neural model's encoder), or None. ``min_hairpin``: the model's own (the default of
+    ``--min-hairpin``). ``energy_kT``: None when scores are plain log-scores; ``kT``
+    in kcal/mol when a score is the log-weight ``-E / kT`` of a free energy ``E``
+    (then energies are printed, RNAfold style). ``description``: where the model came
+    from, for messages; ``notes``: things the user should know about that choice.
+
+    >>> FoldModel(layers.default_params()).units
+    'score'
+    >>> FoldModel(layers.default_params(), energy_kT=0.61632).energy(-1.0)
+    0.61632
+    """
+
+    params: object
+    phi_fn: object = None
+    min_hairpin: int = 3
+    energy_kT: float | None = None
+    description: str = "layers.default_params()"
+    notes: tuple[str, ...] = ()
+
+    @property
+    def units(self) -> str:
+        """``"kcal/mol"`` for an energy model, else ``"score"``."""
+        return "score" if self.energy_kT is None else "kcal/mol"
+
+    def energy(self, score: float) -> float:
+        """The free energy ``-kT score`` (kcal/mol) of a log-weight; only for energy models."""
+        if self.energy_kT is None:
+            raise ValueError(f"{self.description}: its scores are not energies (no energy_kT)")
+        return -self.energy_kT * score
+
+
 @dataclasses.dataclass
 class FoldResult:
-    """The fold of one record. ``probs`` is a symmetric ``[n, n]`` matrix (or None)."""
+    """The fold of one record. ``probs`` is a symmetric ``[n, n]`` matrix (or None).
+
+    ``score`` and ``log_z`` are natural-log weights; ``energy_kT`` (from the
+    :class:`FoldModel`) says whether they are to be printed as free energies.
+    """
 
     record: InputRecord
     structure: np.ndarray
     score: float
     log_z: float | None = None
     probs: np.ndarray | None = None
+    energy_kT: float | None = None
+
+    @property
+    def is_energy(self) -> bool:
+        return self.energy_kT is not None
+
+    @property
+    def energy(self) -> float | None:
+        """Free energy of the structure, ``-kT score`` (kcal/mol), for an energy model."""
+        return None if self.energy_kT is None else -self.energy_kT * self.score
+
+    @property
+    def ensemble_energy(self) -> float | None:
+        """Ensemble free energy ``-kT log Z`` (kcal/mol), for an energy model with log Z."""
+        return None if self.energy_kT is None or self.log_z is None else -self.energy_kT * self.log_z
 
     @property
     def dot_bracket(self) -> str:
@@ -238,12 +305,23 @@ def _read_structured(path: str, fmt: str) -> list[InputRecord | InputError]:
     return out
 
 
+def looks_like_path(arg: str) -> bool:
+    """Whether a command-line argument can only be a file name: sequences are letters only.
+
+    >>> [looks_like_path(a) for a in ("ACGU", "seqs.fa", "data/x", "~/x", "acgu ")]
+    [False, True, True, True, False]
+    """
+    text = arg.strip()
+    return any(c in text for c in "/\\.") or text.startswith("~")
+
+
 def read_inputs(sequences: Sequence[str] = (), input_path: str | None = None, stdin=None
                 ) -> list[InputRecord | InputError]:
     """All records to fold, in order: positional arguments, then ``input_path``.
 
-    A positional argument naming an existing file is read as a file; any other is a
-    sequence. ``input_path`` ``"-"`` (or no input at all) reads ``stdin``.
+    A positional argument naming an existing file is read as a file; one that
+    :func:`looks_like_path` but does not exist is a "no such file" error; any other is
+    a sequence. ``input_path`` ``"-"`` (or no input at all) reads ``stdin``.
     """
     counter = iter(range(1, 1 << 62))
 
@@ -255,12 +333,20 @@ def read_inputs(sequences: Sequence[str] = (), input_path: str | None = None, st
         if os.path.isfile(arg):
             items.extend(_read_file(arg, auto_id))
             continue
+        if os.path.isdir(arg):
+            items.append(InputError(f"{arg!r} is a directory, not a sequence file", where=f"argument {k}"))
+            continue
+        if looks_like_path(arg):
+            items.append(InputError(f"no such file: {arg!r} (an argument with '/', '.' or '~' is read as a "
+                                    f"file path, never as a sequence)", where=f"argument {k}"))
+            continue
         rid = auto_id()
         try:
             items.append(InputRecord(rid, _check_sequence(arg.strip(), where=f"argument {k}", record=rid),
                                      source=f"argument {k}"))
         except InputError as err:
-            items.append(err)
+            items.append(InputError(f"{err.detail}; and there is no file named {arg!r}", where=err.where,
+                                    record=err.record))
     if input_path == "-" or (input_path is None and not sequences):
         if stdin is None:
             import sys
@@ -289,21 +375,17 @@ def _read_file(path: str, auto_id) -> list[InputRecord | InputError]:
 # --------------------------------------------------------------------------- #
 
 
-def load_params(path: str | None):
-    """Score parameters for folding.
+CHECKPOINTS = ("best", "latest")
 
-    ``None``: :func:`layers.default_params` (the documented built-in defaults). A
-    ``.npz`` file: arrays ``stack``, ``pair``, ``unpaired``, ``loop`` (as written by
-    ``foldax export-params``). A directory (a training workdir): its ``params.npz``
-    if there is one, else ``foldax export-params`` is run on it into a temporary file.
+
+def load_params(path: str | None):
+    """Score tensors from an ``.npz`` file (or :func:`layers.default_params` for None).
+
+    The file holds arrays ``stack``, ``pair``, ``unpaired``, ``loop`` (as written by
+    ``foldax export-params``). For a training workdir use :func:`load_model`.
     """
     if path is None:
         return layers.default_params()
-    if os.path.isdir(path):
-        candidate = os.path.join(path, "params.npz")
-        if os.path.isfile(candidate):
-            return load_params(candidate)
-        return _export_from_workdir(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"--params {path}: no such file or directory")
     try:
@@ -321,24 +403,106 @@ def load_params(path: str | None):
         raise ValueError(f"--params {path}: {err}") from None
 
 
-def _export_from_workdir(workdir: str):
-    import tempfile
+def is_training_workdir(path: str) -> bool:
+    """A ``foldax train`` workdir: a directory with ``config.json`` or ``checkpoints/``."""
+    return os.path.isdir(path) and (os.path.isfile(os.path.join(path, "config.json"))
+                                    or os.path.isdir(os.path.join(path, "checkpoints")))
 
+
+def load_model(path: str | None, *, checkpoint: str = "best") -> FoldModel:
+    """The :class:`FoldModel` of ``--params PATH``.
+
+    * None: :func:`layers.default_params` (the built-in hand-set scores).
+    * an ``.npz`` file: its score tensors (:func:`load_params`).
+    * a training workdir: its ``checkpoint`` (``"best"`` by the validation metric, or
+      ``"latest"``) restored as the whole trained model -- a neural model keeps its
+      ``phi`` network -- with the run's ``min_hairpin``. A ``params.npz`` there is
+      not used (it may be older than the checkpoints); a note says so.
+    * another directory with a ``params.npz``: that file (a note says so).
+    """
+    if checkpoint not in CHECKPOINTS:
+        raise ValueError(f"checkpoint must be one of {CHECKPOINTS}, got {checkpoint!r}")
+    if path is None:
+        return FoldModel(layers.default_params())
+    exported = os.path.join(path, "params.npz")
+    if is_training_workdir(path):
+        has_checkpoint = any(name.isdigit() for name in _listdir(os.path.join(path, "checkpoints")))
+        if has_checkpoint or not os.path.isfile(exported):
+            return _restore_workdir(path, checkpoint, exported)
+        return FoldModel(load_params(exported), description=exported,
+                         notes=(f"{path} has no checkpoint yet: folding with {exported}",))
+    if os.path.isdir(path):
+        if not os.path.isfile(exported):
+            raise FileNotFoundError(f"--params {path}: a directory that is neither a training workdir (no "
+                                    f"config.json or checkpoints/) nor holds a params.npz")
+        return FoldModel(load_params(exported), description=exported, notes=(f"using {exported}",))
+    return FoldModel(load_params(path), description=path)
+
+
+def _listdir(path: str) -> list[str]:
     try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _restore_workdir(workdir: str, which: str, exported: str) -> FoldModel:
+    """The ``which`` checkpoint of a training workdir as a :class:`FoldModel` (the whole model)."""
+    try:
+        import jax
+        from flax import nnx
+
         from train import train as trainer
+        from train.main import quiet_orbax
     except ImportError as err:
-        raise ValueError(f"--params {workdir}: a directory without params.npz, and the training package "
-                         f"is not available to export one ({err})") from None
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "params.npz")
-        # The library call, not the `export-params` command: that one prints the path on stdout,
-        # which would end up among the folded structures.
-        try:
-            trainer.export_params(workdir, out)
-        except Exception as err:  # noqa: BLE001 - any failure to restore is reported the same way
-            raise ValueError(f"--params {workdir}: no params.npz there, and exporting the best checkpoint "
-                             f"failed: {err}") from None
-        return load_params(out)
+        raise ValueError(f"--params {workdir}: a training workdir, but the training package is not available "
+                         f"to restore it ({err})") from None
+    restore = getattr(trainer, "restore_for_inference", None) or trainer._restore_for_inference
+    try:
+        with quiet_orbax():
+            config, _mesh, manager, graphdef, state, step = restore(workdir, which)
+            steps = sorted(manager.all_steps())
+            metrics = manager.metrics(step) if hasattr(manager, "metrics") else None
+            manager.close()
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"--params {workdir}: {err} (train a model first, or pass an .npz)") from None
+    except Exception as err:  # noqa: BLE001 - any failure to restore is reported the same way
+        raise ValueError(f"--params {workdir}: cannot restore its {which} checkpoint: {err}") from None
+    model = nnx.merge(graphdef, jax.device_get(state))
+    model = model[0] if isinstance(model, tuple) else model  # (model, optimizer) of a training state
+    return _fold_model_of(model, workdir=workdir, which=which, step=step, steps=steps, metrics=metrics,
+                          best_metric=config.get("best_metric", ""), exported=exported,
+                          min_hairpin=int(config.model.get("min_hairpin", 3)))
+
+
+def _fold_model_of(model, *, workdir, which, step, steps, metrics, best_metric, exported, min_hairpin
+                   ) -> FoldModel:
+    """A restored :mod:`model.models` model (``scores(tokens, lengths) -> (params, phi)``) for folding."""
+    import jax
+    from flax import nnx
+
+    probe = np.zeros((1, 8), np.int32)
+    params, phi = model.scores(probe, np.array([8], np.int32))
+    params = {k: np.asarray(v) for k, v in params.items()}
+    phi_fn = None
+    if phi is not None:
+        graphdef, state = nnx.split(model)
+        phi_fn = jax.jit(lambda tokens, lengths: nnx.merge(graphdef, state).scores(tokens, lengths)[1])
+    latest = steps[-1] if steps else step
+    what = f"{which} checkpoint, step {step}"
+    if which == "best":
+        value = (metrics or {}).get(best_metric) if best_metric else None
+        what += f" (validation {best_metric} = {value:.4g})" if isinstance(value, (int, float)) else ""
+    kind = type(model).__name__ + (" with its phi network" if phi_fn is not None else "")
+    notes = [f"--params {workdir}: {kind}, {what}"]
+    if latest != step:
+        notes.append(f"newer checkpoints exist (latest: step {latest}); use --checkpoint latest to fold with it")
+    if os.path.isfile(exported):
+        notes.append(f"{exported} is not used (it may be older than the checkpoints); pass the file itself "
+                     f"as --params to fold with it")
+    return FoldModel(params, phi_fn=phi_fn, min_hairpin=min_hairpin,
+                     energy_kT=getattr(model, "energy_kT", None), description=f"{workdir} ({what})",
+                     notes=tuple(notes))
 
 
 # --------------------------------------------------------------------------- #
@@ -354,21 +518,26 @@ def _padded_size(n: int, limit: int) -> int:
     return min(1 << (n - 1).bit_length(), limit) if n < limit else n
 
 
-def fold_records(params, records: Sequence[InputRecord], *, mea: bool = False, gamma: float = 1.0,
-                 partition: bool = False, probs: bool = False, min_hairpin: int = 3,
+def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, gamma: float = 1.0,
+                 partition: bool = False, probs: bool = False, min_hairpin: int | None = None,
                  batch_size: int | None = None, max_cells: int = DEFAULT_MAX_CELLS) -> list[FoldResult]:
     """Folds ``records`` in length buckets; results in input order.
 
-    ``mea``: maximum expected accuracy structure (:func:`layers.decoding.mea_structure`
-    with ``gamma``) instead of the best-scoring one. ``partition``: also log Z.
-    ``probs``: also keep each record's ``[n, n]`` pair probabilities (implied by ``mea``
-    to compute, kept only when asked). ``batch_size``: at most this many sequences per
-    batched call (default: as many as fit ``max_cells`` = B x L x L, at most 64).
+    ``model``: a :class:`FoldModel` (its ``phi_fn``, if any, scores every batch), or
+    plain score tensors. ``mea``: maximum expected accuracy structure
+    (:func:`layers.decoding.mea_structure` with ``gamma``) instead of the best-scoring
+    one. ``partition``: also log Z. ``probs``: also keep each record's ``[n, n]`` pair
+    probabilities (implied by ``mea`` to compute, kept only when asked).
+    ``min_hairpin``: default the model's. ``batch_size``: at most this many sequences
+    per batched call (default: as many as fit ``max_cells`` = B x L x L, at most 64).
     """
     from layers.decoding import best_structure, mea_structure, pair_probs
     from layers.structure import structure_score
 
-    params = layers.check_params(params)
+    if not isinstance(model, FoldModel):
+        model = FoldModel(model)
+    params = layers.check_params(model.params)
+    min_hairpin = model.min_hairpin if min_hairpin is None else min_hairpin
     groups: dict[int, list[int]] = defaultdict(list)
     for k, r in enumerate(records):
         groups[layers.bucket_length(len(r.sequence))].append(k)
@@ -382,15 +551,17 @@ def fold_records(params, records: Sequence[InputRecord], *, mea: bool = False, g
             seqs = [records[k].sequence for k in chunk]
             seqs += [seqs[0]] * (_padded_size(len(chunk), limit) - len(chunk))
             tokens, lengths = layers.encode_batch(seqs)
+            phi = None if model.phi_fn is None else model.phi_fn(tokens, lengths)
             kw = dict(min_hairpin=min_hairpin)
-            bpp = np.asarray(pair_probs(params, tokens, lengths, **kw)) if need_probs else None
+            bpp = np.asarray(pair_probs(params, tokens, lengths, phi=phi, **kw)) if need_probs else None
             if mea:
                 tables = np.asarray(mea_structure(bpp, lengths, gamma=gamma, **kw))
             else:
-                tables = np.asarray(best_structure(params, tokens, lengths, **kw))
+                tables = np.asarray(best_structure(params, tokens, lengths, phi=phi, **kw))
             tables = np.where(np.arange(tables.shape[1]) < lengths[:, None], tables, -1).astype(np.int32)
-            scores = np.asarray(structure_score(params, tokens, tables, lengths, **kw))
-            log_z = np.asarray(layers.log_partition(params, tokens, lengths, **kw)) if partition else None
+            scores = np.asarray(structure_score(params, tokens, tables, lengths, phi=phi, **kw))
+            log_z = (np.asarray(layers.log_partition(params, tokens, lengths, phi=phi, **kw)) if partition
+                     else None)
             for row, k in enumerate(chunk):
                 n = int(lengths[row])
                 p = None
@@ -399,7 +570,7 @@ def fold_records(params, records: Sequence[InputRecord], *, mea: bool = False, g
                     p = upper + upper.T
                 results[k] = FoldResult(
                     records[k], tables[row, :n].copy(), float(scores[row]),
-                    None if log_z is None else float(log_z[row]), p,
+                    None if log_z is None else float(log_z[row]), p, energy_kT=model.energy_kT,
                 )
     return results  # type: ignore[return-value]
 
@@ -450,54 +621,83 @@ def bpp_lines(probs: np.ndarray, cutoff: float = 1e-5) -> str:
     return "".join(f"{i + 1} {j + 1} {probs[i, j]:.6g}\n" for i, j in zip(ii.tolist(), jj.tolist()))
 
 
+def bpp_text(result: FoldResult, cutoff: float = 1e-5) -> str:
+    """The ``_bpp.txt`` file of a result: ``#`` header lines (what the columns are; positions
+    are 1-based), then :func:`bpp_lines`. ``numpy.loadtxt`` reads it as an ``[m, 3]`` array."""
+    rec = result.record
+    return (f"# base-pair probabilities of {rec.id} (n = {len(rec.sequence)}), from foldax fold -p\n"
+            f"# columns: i j p -- positions i < j are 1-based (the first nucleotide is 1); "
+            f"p = P(i pairs with j), pairs with p >= {cutoff:g}\n" + bpp_lines(result.probs, cutoff))
+
+
 def _record(result: FoldResult):
     from data.formats import RnaRecord
 
     return RnaRecord(result.record.id, result.record.sequence, result.structure, result.record.source)
 
 
+def _ensemble_value(result: FoldResult) -> str:
+    """The ``[...]`` of the ensemble line: RNAfold's ensemble free energy for an energy model,
+    else the labelled log Z (a plain score must not pass for kcal/mol)."""
+    if result.is_energy:
+        return f"[{result.ensemble_energy:6.2f}]"
+    return f"[log Z = {result.log_z:.2f}]"
+
+
 def format_result(result: FoldResult, fmt: str = "dbn", *, comments: bool = False) -> str:
     """The text printed (and written) for one result in ``fmt`` (``dbn``, ``bpseq`` or ``ct``).
 
-    dbn: ``>id``, the sequence, ``structure (score)`` and, when log Z is known, the
-    RNAfold-style ensemble line ``pseudo-brackets [log Z]`` and a line with the
-    structure's probability in the ensemble and the ensemble diversity (with
-    ``comments=True``, as used for files, these two lines start with ``# `` so that
-    the text stays a valid .dbn file).
-    bpseq: ``# id`` then ``# score = S`` (and ``# log Z = ...``) comment lines, then
-    ``i base partner``. ct: header ``n  ENERGY = S  id`` then the table. The
-    structure part is written by :func:`data.formats.format_records` and reads back
-    with :func:`data.formats.parse_records`.
+    dbn: ``>id``, the sequence, ``structure (value)`` -- the structure's score, or its
+    free energy in kcal/mol for an energy model (RNAfold) -- and, when log Z is
+    known, the ensemble line ``pseudo-brackets [log Z = ...]`` (``[-kT log Z]`` for an
+    energy model, as RNAfold) and a line with the structure's probability in the
+    ensemble and the ensemble diversity (with ``comments=True``, as used for files,
+    these two lines start with ``# `` so that the text stays a valid .dbn file).
+    bpseq: ``# id`` then ``# score = S ...`` (or ``# energy = E kcal/mol``) and
+    ``# log Z = ...`` comment lines, then ``i base partner``. ct: header ``n  id  score
+    = S (...)  log Z = ...``; only an energy model writes ``n  ENERGY = E  id`` (CT
+    readers take ``ENERGY`` for a free energy in kcal/mol). The structure part is
+    written by :func:`data.formats.format_records` and reads back with
+    :func:`data.formats.parse_records`.
     """
     from data.formats import format_records
 
     rec = _record(result)
-    score = f"{result.score:.2f}"
+    value = result.energy if result.is_energy else result.score
     if fmt == "dbn":
-        text = f">{rec.id}\n{rec.sequence}\n{to_dot_bracket(result.structure)} ({result.score:6.2f})\n"
+        text = f">{rec.id}\n{rec.sequence}\n{to_dot_bracket(result.structure)} ({value:6.2f})\n"
         if result.log_z is not None:
             mark = "# " if comments else ""
             diversity = ""
             if result.probs is not None:
-                text += f"{mark}{ensemble_string(result.probs)} [{result.log_z:6.2f}]\n"
+                text += f"{mark}{ensemble_string(result.probs)} {_ensemble_value(result)}\n"
                 diversity = f"; ensemble diversity {ensemble_diversity(result.probs):.2f}"
             else:
-                text += f"{mark}log Z [{result.log_z:6.2f}]\n"
+                label = "ensemble free energy" if result.is_energy else "ensemble"
+                text += f"{mark}{label} {_ensemble_value(result)}\n"
             text += f"{mark} frequency of the structure in the ensemble {result.probability:.6g}{diversity}\n"
         return text
     if fmt == "bpseq":
         body = format_records([rec], "bpseq")
         head, rest = body.split("\n", 1)
-        extra = f"# score = {score}\n"
+        if result.is_energy:
+            extra = f"# energy = {value:.2f} kcal/mol\n"
+        else:
+            extra = f"# score = {value:.2f} (model log-score, higher is better; not a free energy)\n"
         if result.log_z is not None:
-            extra += f"# log Z = {result.log_z:.4f}; frequency in the ensemble = {result.probability:.6g}\n"
+            ensemble = (f"ensemble free energy = {result.ensemble_energy:.2f} kcal/mol" if result.is_energy
+                        else f"log Z = {result.log_z:.4f}")
+            extra += f"# {ensemble}; frequency in the ensemble = {result.probability:.6g}\n"
         return f"{head}\n{extra}{rest}"
     if fmt == "ct":
         body = format_records([rec], "ct")
         head, rest = body.split("\n", 1)
         n, rid = head.split("\t", 1)
-        extra = f"\tlogZ = {result.log_z:.4f}" if result.log_z is not None else ""
-        return f"{n}\tENERGY = {score}\t{rid}{extra}\n{rest}"
+        if result.is_energy:
+            extra = (f"\tensemble free energy = {result.ensemble_energy:.2f}" if result.log_z is not None else "")
+            return f"{n}\tENERGY = {value:.2f}\t{rid}{extra}\n{rest}"
+        extra = f"\tlog Z = {result.log_z:.4f}" if result.log_z is not None else ""
+        return f"{n}\t{rid}\tscore = {value:.2f} (model log-score, not a free energy){extra}\n{rest}"
     raise ValueError(f"unknown output format {fmt!r} (dbn, bpseq or ct)")
 
 

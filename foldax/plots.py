@@ -61,12 +61,12 @@ def _pairs(structure) -> set[tuple[int, int]]:
     return {(int(min(i, j)), int(max(i, j))) for i, j in arr.tolist()}
 
 
-def _legend_handles(predicted, reference):
+def _legend_handles(predicted, reference, label="predicted"):
     from matplotlib.patches import Patch
 
     if not reference:
-        return [Patch(color=PREDICTED, label="predicted")]
-    return [Patch(color=BOTH, label="predicted & reference"), Patch(color=PREDICTED, label="predicted only"),
+        return [Patch(color=PREDICTED, label=label)]
+    return [Patch(color=BOTH, label=f"{label} & reference"), Patch(color=PREDICTED, label=f"{label} only"),
             Patch(color=REFERENCE, label="reference only")]
 
 
@@ -98,16 +98,38 @@ def _sequence_ticks(ax, n, sequence, axes="xy", max_letters=80):
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def dot_plot(probs, structure=None, reference=None, sequence=None, path=None, *, title=None):
+def position_ticks(n: int, max_ticks: int = 10) -> list[int]:
+    """1-based position ticks for a length-``n`` axis: 1 and multiples of a round step.
+
+    >>> position_ticks(24), position_ticks(300)
+    ([1, 5, 10, 15, 20], [1, 50, 100, 150, 200, 250, 300])
+    """
+    if n < 1:
+        return []
+    steps = [k * 10**e for e in range(0, 7) for k in (1, 2, 5)]
+    step = next(s for s in steps if n // s < max_ticks)
+    return [1] + [t for t in range(step, n + 1, step) if t > 1]
+
+
+#: Dot plots shade ``sqrt(p)``, as RNAfold's dot plots draw a box of side ``sqrt(p)``
+#: (area ``p``): weak pairs (p = 0.01 shades 0.1) stay visible.
+SHADING_GAMMA = 0.5
+
+
+def dot_plot(probs, structure=None, reference=None, sequence=None, path=None, *, title=None,
+             structure_label="predicted"):
     """A base-pair probability dot plot.
 
-    Upper-right triangle: ``P(i pairs with j)`` (shade, with a colour bar). Lower-left
-    triangle: the predicted ``structure`` (blue) and, when given, the ``reference``
-    (pairs in both green, reference only red). ``structure``/``reference`` are pair
-    tables (or lists of 0-based pairs). Axes are 1-based positions, labelled with the
-    ``sequence`` letters when it is short.
+    Upper-right triangle: ``P(i pairs with j)``, shaded by ``sqrt(P)`` (RNAfold's
+    convention, see :data:`SHADING_GAMMA`; the colour bar is labelled in ``P``).
+    Lower-left triangle: the predicted ``structure`` (blue; named ``structure_label``
+    in the legend, e.g. the decoder ``"MEA structure (gamma 2)"``) and, when given, the
+    ``reference`` (pairs in both green, reference only red). ``structure``/``reference``
+    are pair tables (or lists of 0-based pairs). Bottom and right axes: 1-based
+    positions (:func:`position_ticks`); top and left: the ``sequence`` letters when it
+    is short, else positions too.
     """
-    from matplotlib.colors import to_rgba
+    from matplotlib.colors import PowerNorm, to_rgba
 
     probs = np.asarray(probs, dtype=float)
     n = probs.shape[0]
@@ -120,10 +142,11 @@ def dot_plot(probs, structure=None, reference=None, sequence=None, path=None, *,
     upper = np.ma.masked_where(~np.triu(np.ones((n, n), bool), 1), sym)
 
     size = 6.5 if n <= 200 else 8.0
-    fig = _figure((size + 1.2, size))
+    fig = _figure((size + 1.6, size + 0.4))
     ax = fig.add_subplot()
     extent = (0.5, n + 0.5, n + 0.5, 0.5)
-    image = ax.imshow(upper, cmap="Greys", vmin=0.0, vmax=1.0, extent=extent, interpolation="nearest")
+    image = ax.imshow(upper, cmap="Greys", norm=PowerNorm(SHADING_GAMMA, vmin=0.0, vmax=1.0), extent=extent,
+                      interpolation="nearest")
 
     predicted = _pairs(structure)
     ref = None if reference is None else _pairs(reference)
@@ -140,10 +163,16 @@ def dot_plot(probs, structure=None, reference=None, sequence=None, path=None, *,
     ax.set_xlabel("j (upper: pair probability)")
     ax.xaxis.set_label_position("top")
     ax.set_ylabel("i (lower: structure)")
-    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="base-pair probability")
+    ticks = position_ticks(n)
+    bottom = ax.secondary_xaxis("bottom")
+    bottom.set_xticks(ticks, [str(t) for t in ticks], fontsize=7)
+    right = ax.secondary_yaxis("right")
+    right.set_yticks(ticks, [str(t) for t in ticks], fontsize=7)
+    bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.09, label="base-pair probability (sqrt shading)")
+    bar.set_ticks([0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0])
     if predicted or ref:
-        ax.legend(handles=_legend_handles(predicted, ref), loc="upper center", bbox_to_anchor=(0.5, -0.01),
-                  ncol=3, fontsize=7, frameon=False)
+        ax.legend(handles=_legend_handles(predicted, ref, structure_label), loc="upper center",
+                  bbox_to_anchor=(0.5, -0.05), ncol=3, fontsize=7, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
     return _finish(fig, path)

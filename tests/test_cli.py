@@ -7,6 +7,7 @@ import re
 import sys
 import types
 
+import jax
 import numpy as np
 import pytest
 
@@ -147,10 +148,12 @@ def test_partition_writes_bpp_and_ensemble_line(capsys, tmp_path, fasta):
     for k, (rid, seq) in enumerate(RECORDS.items()):
         header, sequence, structure, ensemble, frequency = lines[5 * k:5 * k + 5]
         assert header == f">{rid}" and sequence == seq
-        pseudo, log_z = re.fullmatch(r"(\S+) \[\s*(-?\d+\.\d+)\]", ensemble).groups()
+        pseudo, log_z = re.fullmatch(r"(\S+) \[log Z = (-?\d+\.\d+)\]", ensemble).groups()  # labelled
         assert len(pseudo) == len(seq) and set(pseudo) <= set(".,|{}()")
         assert float(log_z) == pytest.approx(float(layers.log_partition(params, layers.encode(seq))), abs=0.006)
         assert "frequency of the structure in the ensemble" in frequency
+        header = (tmp_path / f"{rid}_bpp.txt").read_text().splitlines()[:2]
+        assert all(line.startswith("# ") for line in header) and "1-based" in header[1] and rid in header[0]
         bpp = np.loadtxt(tmp_path / f"{rid}_bpp.txt", ndmin=2)
         i, j, p = bpp[:, 0].astype(int), bpp[:, 1].astype(int), bpp[:, 2]
         assert (1 <= i).all() and (i < j).all() and (j <= len(seq)).all() and (j - i > 3).all()
@@ -254,3 +257,204 @@ def test_read_inputs_references_and_structured_files(tmp_path):
     [error, ok] = read_inputs([], str(ct))
     assert isinstance(error, InputError) and f"{ct}:3" in str(error) and "'c1'" in str(error)
     assert ok.id == "c2"
+
+
+# --------------------------------------------------------------------------- #
+# paths that do not exist, plots without -o, labels, help
+# --------------------------------------------------------------------------- #
+
+
+def test_argument_that_looks_like_a_path_is_no_such_file(capsys, tmp_path):
+    rc, out, err = run(capsys, ["fold", "nonexistent.fa"])
+    assert rc == 1 and out == ""
+    assert "no such file" in err and "'nonexistent.fa'" in err and "invalid nucleotide" not in err
+    rc, _, err = run(capsys, ["fold", f"{tmp_path}/missing", "GGGGAAACCCC"])
+    assert rc == 1 and "no such file" in err and "argument 1" in err
+    rc, _, err = run(capsys, ["fold", tmp_path])
+    assert rc == 1 and "is a directory" in err
+    rc, _, err = run(capsys, ["fold", "seqs"])  # letters only: a bad sequence, and not a file either
+    assert rc == 1 and "'e' at position 2" in err and "no file named 'seqs'" in err
+
+
+def test_plot_without_prefix_writes_to_the_current_directory_and_says_so(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(capsys, ["fold", "GGGGAAACCCC", "--plot"])
+    assert rc == 0, err
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["seq1_arc.png", "seq1_dp.png"]
+    assert "current directory" in err and str(tmp_path) in err and "seq1_dp.png" in err and "-o" in err
+    assert [r.id for r in parse_records(out, "dbn")] == ["seq1"]  # stdout holds only the fold
+
+
+def test_plot_titles_name_the_decoder(capsys, tmp_path, monkeypatch):
+    from foldax import plots
+
+    seen = []  # what the command asks to draw (the drawing itself is tested in test_plots.py)
+    monkeypatch.setattr(plots, "dot_plot", lambda *a, **kw: seen.append(kw) or kw["path"])
+    monkeypatch.setattr(plots, "arc_diagram", lambda *a, **kw: kw["path"])
+    rc, _, err = run(capsys, ["fold", "GGGGAAACCCC", "--plot", "--mea", "--gamma", "2", "-o", f"{tmp_path}/"])
+    assert rc == 0, err
+    assert "MEA structure (gamma 2)" in seen[-1]["title"] and seen[-1]["structure_label"] == "MEA structure (gamma 2)"
+    rc, _, err = run(capsys, ["fold", "GGGGAAACCCC", "--plot", "-o", f"{tmp_path}/"])
+    assert rc == 0, err
+    assert "best-scoring structure" in seen[-1]["title"]
+
+
+def test_scores_are_labelled_and_never_called_energies(capsys, fasta):
+    rc, out, err = run(capsys, ["fold", "-i", fasta, "--format", "ct", "-p"])
+    assert rc == 0, err
+    headers = [line for line in out.splitlines() if not line.split()[0].isdigit() or len(line.split()) != 6]
+    assert len(headers) == len(RECORDS)
+    params = layers.default_params()
+    for header, (rid, seq) in zip(headers, RECORDS.items()):
+        assert not re.search(r"(ENERGY|dG)\s*=", header, re.IGNORECASE)  # what CT readers take for kcal/mol
+        n, name, rest = header.split("\t", 2)
+        assert (int(n), name) == (len(seq), rid)
+        score, log_z = re.fullmatch(r"score = (-?\d+\.\d+) \(model log-score, not a free energy\)\t"
+                                    r"log Z = (-?\d+\.\d+)", rest).groups()
+        tokens = layers.encode(seq)
+        assert float(score) == pytest.approx(float(layers.max_score(params, tokens)), abs=0.006)
+        assert float(log_z) == pytest.approx(float(layers.log_partition(params, tokens)), abs=1e-4)
+    rc, out, _ = run(capsys, ["fold", "GGGGAAACCCC", "--format", "bpseq", "-p"])
+    assert "# score = " in out and "not a free energy" in out and "# log Z = " in out
+
+
+def test_a_model_that_declares_energies_prints_them_rnafold_style():
+    """FoldModel.energy_kT: scores are log-weights -E/kT, printed as kcal/mol (the Turner grammar's way)."""
+    from foldax.fold import FoldModel, InputRecord, fold_records, format_result
+
+    kt = 0.61632
+    params = layers.default_params()
+    record = InputRecord("hp", "GGGGAAACCCC")
+    [plain] = fold_records(params, [record], partition=True, probs=True)
+    [energy] = fold_records(FoldModel(params, energy_kT=kt), [record], partition=True, probs=True)
+    assert energy.score == plain.score and energy.energy == pytest.approx(-kt * plain.score)
+    lines = format_result(energy, "dbn").splitlines()
+    assert lines[2].endswith(f"({-kt * plain.score:6.2f})")
+    assert lines[3].endswith(f"[{-kt * plain.log_z:6.2f}]") and "log Z" not in lines[3]
+    ct_header = format_result(energy, "ct").splitlines()[0]
+    assert ct_header.startswith(f"11\tENERGY = {-kt * plain.score:.2f}\thp")
+    assert "score" not in ct_header
+    assert "# energy = " in format_result(energy, "bpseq") and "kcal/mol" in format_result(energy, "bpseq")
+    assert parse_records(format_result(energy, "ct"), "ct")[0].id == "hp"
+
+
+def test_help_lists_subcommands_and_the_override_syntax(capsys):
+    rc, out, _ = run(capsys, ["--help"])
+    assert rc == 0
+    commands = " ".join(out.split("options:")[0].split())  # the subcommand list, unwrapped
+    for command, purpose in [("fold", "predict secondary structures"), ("plot", "plot the training curves"),
+                             ("train", "train (or resume) a model"), ("eval", "metrics of a training workdir"),
+                             ("export-params", "write a training workdir's score tensors")]:
+        assert f" {command} {purpose}" in commands, command
+    assert "--config.a.b=VALUE" in out and re.search(r"--config\.\w+(\.\w+)*=\S+", out)
+    rc, out, _ = run(capsys, ["train", "--help"])
+    assert rc == 0 and "--config.a.b=VALUE" in out and "--config.data.train_files=" in out
+    assert "valid_files" in out and "eval_files" in out and "tiny" in out
+
+
+# --------------------------------------------------------------------------- #
+# --params WORKDIR: the checkpoint (best or latest), the whole model
+# --------------------------------------------------------------------------- #
+
+
+def saved_workdir(path, checkpoints, *, name="stacking", min_hairpin=3, perturb=0.0):
+    """A training workdir written without training: config.json and an Orbax checkpoint per
+    ``(step, params, validation F1)``; ``perturb`` adds N(0, perturb) noise to a neural model's
+    encoder, so that its phi is far from 0. Returns the models saved, by step."""
+    from flax import nnx
+
+    from train import train as trainer
+    from pathlib import Path
+
+    from train.main import load_config_file
+
+    config = load_config_file(str(Path(__file__).resolve().parents[1] / "configs" / "tiny.py"))
+    config.model.name, config.model.min_hairpin = name, min_hairpin
+    config.model.features, config.model.pair_features, config.model.num_layers = 8, 4, 1
+    path.mkdir()
+    models = {}
+    rng = np.random.default_rng(0)
+    manager = None
+    for step, params, f1 in checkpoints:
+        np.savez(path / "init.npz", **{k: np.asarray(v, np.float32) for k, v in params.items()})
+        config.model.init = str(path / "init.npz")
+        graphdef, state, _ = trainer.create_state(config, 1)
+        model, optimizer = nnx.merge(graphdef, state)
+        if perturb:
+            noisy = jax.tree.map(lambda x: x + perturb * rng.standard_normal(x.shape).astype(x.dtype),
+                                 nnx.state(model.encoder, nnx.Param))
+            nnx.update(model.encoder, noisy)
+        models[step] = model
+        manager = manager or trainer.make_checkpoint_manager(str(path), config)
+        trainer._save(manager, step, nnx.state((model, optimizer)), None, metrics={"mea/f1": f1}, force=True)
+    manager.wait_until_finished()
+    manager.close()
+    (path / "init.npz").unlink()
+    config.model.init = "random"
+    (path / "config.json").write_text(config.to_json_best_effort())
+    return models
+
+
+def test_params_workdir_uses_the_best_checkpoint_not_a_stale_npz(capsys, caplog, tmp_path, fasta):
+    import logging
+
+    best = {k: np.asarray(v) for k, v in layers.default_params().items()}
+    latest = dict(best, pair=np.full((5, 5), -50.0, np.float32))  # nothing pairs
+    stale = dict(best, stack=best["stack"] * 3, loop=best["loop"] - 2)  # an old export
+    for name, params in (("best", best), ("latest", latest), ("stale", stale)):
+        np.savez(tmp_path / f"{name}.npz", **params)
+    workdir = tmp_path / "run"
+    saved_workdir(workdir, [(10, best, 0.9), (20, latest, 0.1)])
+    np.savez(workdir / "params.npz", **stale)  # 'export-params' at an earlier step
+
+    expected = {name: run(capsys, ["fold", "-i", fasta, "--params", tmp_path / f"{name}.npz"])[1]
+                for name in ("best", "latest", "stale")}
+    assert len(set(expected.values())) == 3  # the three parameter sets fold differently
+
+    with caplog.at_level(logging.WARNING):
+        rc, out, err = run(capsys, ["fold", "-i", fasta, "--params", workdir])
+    assert rc == 0, err
+    assert out == expected["best"]
+    assert "best checkpoint, step 10" in err and "validation mea/f1 = 0.9" in err
+    assert "newer checkpoints exist (latest: step 20)" in err and "--checkpoint latest" in err
+    assert f"{workdir / 'params.npz'} is not used" in err
+    assert not [r for r in caplog.records if "read only" in r.getMessage() or "read_only" in r.getMessage()]
+    assert "WARNING" not in err
+
+    rc, out, err = run(capsys, ["fold", "-i", fasta, "--params", workdir, "--checkpoint", "latest"])
+    assert rc == 0 and out == expected["latest"]
+    assert "latest checkpoint, step 20" in err and "newer" not in err
+
+    assert run(capsys, ["fold", "-i", fasta, "--checkpoint", "latest"])[0] == 2  # needs --params WORKDIR
+
+
+def test_params_neural_workdir_folds_with_its_phi_network(capsys, tmp_path):
+    from layers.decoding import best_structure
+    from layers.structure import structure_score
+
+    params = {k: np.asarray(v) for k, v in layers.default_params().items()}
+    workdir = tmp_path / "neural"
+    model = saved_workdir(workdir, [(5, params, 0.5)], name="neural", min_hairpin=4, perturb=0.7)[5]
+    rc, out, err = run(capsys, ["fold", *RECORDS.values(), "-p", "--params", workdir])
+    assert rc == 0, err
+    assert "phi network" in err and "WARNING" not in err
+
+    tokens, lengths = layers.encode_batch(list(RECORDS.values()))
+    trained, phi = model.scores(tokens, lengths)
+    assert float(np.abs(np.asarray(phi)).max()) > 0.5  # a phi that matters
+    kw = dict(min_hairpin=4)  # the run's min_hairpin
+    tables = np.asarray(best_structure(trained, tokens, lengths, phi=phi, **kw))
+    scores = np.asarray(structure_score(trained, tokens, tables, lengths, phi=phi, **kw))
+    log_z = np.asarray(layers.log_partition(trained, tokens, lengths, phi=phi, **kw))
+    without_phi = np.asarray(layers.max_score(trained, tokens, lengths, **kw))
+    assert np.abs(without_phi - scores).max() > 0.1  # folding without phi would print other scores
+
+    records = parse_records("\n".join(line for line in out.splitlines() if "[" not in line and "frequency" not in line),
+                            "dbn")
+    printed_z = [float(z) for z in re.findall(r"\[log Z = (-?\d+\.\d+)\]", out)]
+    for k, (record, score) in enumerate(zip(records, scores_of(out), strict=True)):
+        n = record.length
+        assert record.pair_table.tolist() == np.where(tables[k, :n] >= n, -1, tables[k, :n]).tolist()
+        validate_pair_table(record.pair_table, min_hairpin=4)
+        assert score == pytest.approx(float(scores[k]), abs=0.006)
+        assert printed_z[k] == pytest.approx(float(log_z[k]), abs=0.006)

@@ -60,3 +60,23 @@ def test_config_file_with_argument(tmp_path):
     assert load_config_file(f"{path}:hello").arg == "hello"
     with pytest.raises(FileNotFoundError):
         load_config_file(str(tmp_path / "missing.py"))
+
+
+def test_config_names_resolve_from_any_directory(tmp_path, monkeypatch):
+    """`--config tiny` and `--config configs/tiny.py` find the shipped configs outside the repository root."""
+    from train.main import resolve_config_file, shipped_configs
+
+    monkeypatch.chdir(tmp_path)
+    assert {"default", "tiny", "synthetic", "neural"} <= set(shipped_configs())
+    expected = load_config_file(str(ROOT / "configs" / "tiny.py")).to_dict()
+    for spec in ("tiny", "tiny.py", "configs/tiny.py"):
+        assert load_config_file(spec).to_dict() == expected, spec
+    assert resolve_config_file("configs/tiny.py") == str(ROOT / "configs" / "tiny.py")
+    (tmp_path / "configs").mkdir()  # a file of the user's own wins over a shipped name
+    (tmp_path / "configs" / "tiny.py").write_text(
+        "import ml_collections\ndef get_config():\n    return ml_collections.ConfigDict({'mine': 1})\n")
+    assert load_config_file("configs/tiny.py").to_dict() == {"mine": 1}
+    with pytest.raises(FileNotFoundError, match=r"nope.*shipped config name: .*default.*tiny"):
+        load_config_file("nope")
+    with pytest.raises(FileNotFoundError, match="elsewhere/tiny.py"):
+        load_config_file("elsewhere/tiny.py")  # a path into another folder is not a shipped name

@@ -57,6 +57,62 @@ def test_dot_plot_rejects_bad_shapes():
         plots.dot_plot(np.zeros((4, 4)), sequence="ACG")
 
 
+def _cell_rgb(fig, ax, i, j):
+    """The rendered colour at the centre of dot-plot cell (row i, column j), 1-based."""
+    fig.canvas.draw()
+    pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3] / 255.0
+    x, y = ax.transData.transform((j, i))
+    return pixels[int(round(pixels.shape[0] - y)), int(round(x))]
+
+
+def test_dot_plot_shades_the_square_root_of_the_probability():
+    """RNAfold's convention (box side sqrt(p)): a p = 0.04 pair is shaded as 0.2, not as 0.04."""
+    import matplotlib
+
+    n = 30
+    probs = np.zeros((n, n))
+    cells = {(1, 12): 0.04, (2, 20): 0.25, (5, 28): 1.0}  # 1-based (i, j): p
+    for (i, j), p in cells.items():
+        probs[i - 1, j - 1] = probs[j - 1, i - 1] = p
+    fig = plots.dot_plot(probs)
+    ax = fig.axes[0]
+    greys = matplotlib.colormaps["Greys"]
+    for (i, j), p in cells.items():
+        np.testing.assert_allclose(_cell_rgb(fig, ax, i, j), greys(np.sqrt(p))[:3], atol=0.02)
+    assert np.abs(_cell_rgb(fig, ax, 1, 12) - np.asarray(greys(0.04)[:3])).max() > 0.05  # not linear
+
+
+def test_dot_plot_has_position_ticks_on_both_axes_and_names_the_decoder():
+    pt, ref = from_dot_bracket(STRUCTURE), from_dot_bracket(REFERENCE)
+    probs = toy_probs(len(SEQ), [(i, j) for i, j in enumerate(pt.tolist()) if j > i])
+    fig = plots.dot_plot(probs, pt, ref, SEQ, title="toy: MEA structure (gamma 2)",
+                         structure_label="MEA structure (gamma 2)")
+    ax = fig.axes[0]
+    axes = [ax, *ax.child_axes]
+    fig.canvas.draw()
+    x_labels = {t.get_text() for a in axes for t in a.get_xticklabels()}
+    y_labels = {t.get_text() for a in axes for t in a.get_yticklabels()}
+    positions = {"1", "5", "10", "15", "20"}  # len(SEQ) = 24
+    assert positions <= x_labels and positions <= y_labels
+    assert set(SEQ) <= x_labels and set(SEQ) <= y_labels  # and the letters of a short sequence
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["MEA structure (gamma 2) & reference", "MEA structure (gamma 2) only", "reference only"]
+    assert fig._suptitle.get_text() == "toy: MEA structure (gamma 2)"
+    long = plots.dot_plot(np.zeros((300, 300)))
+    long.canvas.draw()
+    labels = {t.get_text() for a in [long.axes[0], *long.axes[0].child_axes] for t in a.get_yticklabels()}
+    assert {"1", "100", "300"} <= labels
+
+
+def test_position_ticks():
+    assert plots.position_ticks(1) == [1] and plots.position_ticks(0) == []
+    for n in (7, 24, 99, 100, 101, 1234, 5000):
+        ticks = plots.position_ticks(n)
+        assert ticks[0] == 1 and ticks == sorted(set(ticks)) and ticks[-1] <= n and len(ticks) <= 11
+        step = ticks[-1] - ticks[-2]
+        assert all(t % step == 0 for t in ticks[1:]) and n - ticks[-1] < step
+
+
 # ---- event files, written by hand (TFRecord framing, protobuf wire format) ---- #
 
 

@@ -10,12 +10,16 @@ Sources (``data.source``; non-empty ``data.train_files`` always means ``"files"`
   :func:`data.examples.fold_split_of`); ``data.fold = ""`` uses the random split.
   ``data.filtered`` keeps rows in the family lists (``in_lis``).
 * ``"files"`` -- the user's own ``.dbn/.bpseq/.ct/.tsv`` files
-  (:func:`data.examples.load_examples`): ``data.train_files``,
-  ``data.valid_files`` and ``data.eval_files`` are comma-separated lists of
-  paths, folders or globs. Without ``valid_files`` the validation split is the
-  train files' random ``valid`` part (:func:`data.examples.split_of`, by
-  sequence hash; those rows leave the training set); without ``eval_files``
-  the test split is their random ``test`` part, likewise.
+  (:func:`data.examples.load_examples`): ``data.train_files`` (training),
+  ``data.valid_files`` (validation: picks the best checkpoint) and
+  ``data.eval_files`` (the *test* split: final metrics, ``foldax eval``) are
+  comma-separated lists of paths, folders or globs. Without ``valid_files`` the
+  validation split is the train files' random ``valid`` part
+  (:func:`data.examples.split_of`, ~10% by sequence hash; those rows leave the
+  training set); without ``eval_files`` the test split is their random ``test``
+  part (~10%), likewise. Relative paths are relative to the current directory;
+  ``foldax train`` stores them absolute in ``config.json``
+  (:func:`absolute_data_paths`), so that eval and resume work from anywhere.
 * ``"synthetic"`` -- random sequences with structures sampled exactly from a
   teacher model (``data.synthetic``: ``teacher`` = ``"default"`` for
   :func:`layers.default_params`, ``"random"`` for ``init_params`` with
@@ -29,20 +33,88 @@ Cleaning (all sources): structures with a hairpin shorter than the model's
 offending pairs; examples longer than ``data.max_length`` are dropped (training
 and validation) -- the test split uses ``data.max_eval_length`` (default: the same).
 ``data.max_{train,valid,test}_examples`` keep a seeded random subset (0 = all).
+
+Provenance: :func:`load_splits` returns a :class:`Splits` dict whose ``sources``
+say where each split came from; :func:`describe_splits` prints the sizes with
+them, and a validation split of fewer than :data:`SMALL_VALID` examples is
+logged as a warning (the best checkpoint is picked on it).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
+import os
 from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["load_splits", "clean_examples", "synthetic_examples", "teacher_params"]
+__all__ = ["load_splits", "Splits", "describe_splits", "absolute_data_paths", "clean_examples",
+           "synthetic_examples", "teacher_params", "PATH_FIELDS", "SMALL_VALID"]
 
 log = logging.getLogger(__name__)
 
 SPLIT_NAMES = ("train", "valid", "test")
+#: A validation split smaller than this gets a warning: the best checkpoint is picked on it.
+SMALL_VALID = 20
+#: Config fields holding file paths (comma-separated lists for the ``*_files``), made absolute
+#: by :func:`absolute_data_paths`; the other values these fields take are names, not paths.
+PATH_FIELDS = {"data.train_files": (), "data.valid_files": (), "data.eval_files": (), "data.path": (),
+               "data.synthetic.teacher": ("default", "random"), "model.init": ("random", "default")}
+_FILE_KEYS = {"train": "train_files", "valid": "valid_files", "test": "eval_files"}
+
+
+class Splits(dict):
+    """``{split: [example, ...]}`` plus ``sources``: ``{split: where its examples came from}``."""
+
+    def __init__(self, examples=(), sources=None):
+        super().__init__(examples)
+        self.sources: dict[str, str] = dict(sources or {})
+
+
+def describe_splits(splits) -> str:
+    """One line: each split's size and where it came from.
+
+    >>> describe_splits(Splits({"train": [1, 2], "valid": [3]}, {"train": "a.dbn", "valid": "b.dbn"}))
+    'train 2 (a.dbn), valid 1 (b.dbn)'
+    """
+    sources = getattr(splits, "sources", {})
+    return ", ".join(f"{k} {len(v)}" + (f" ({sources[k]})" if sources.get(k) else "") for k, v in splits.items())
+
+
+def _absolute(path: str, base: str) -> str:
+    return os.path.normpath(os.path.join(base, os.path.expanduser(path)))
+
+
+def absolute_data_paths(config, *, fields=None, base: str | None = None):
+    """A copy of ``config`` with its path fields (:data:`PATH_FIELDS`, or just ``fields``)
+    made absolute against ``base`` (default: the current directory); globs stay globs.
+
+    A run's ``config.json`` then names the same files from any directory (eval, resume).
+
+    >>> import ml_collections
+    >>> c = ml_collections.ConfigDict({"data": {"train_files": "a.dbn, sub/*.ct", "path": ""}})
+    >>> absolute_data_paths(c, base="/w").data.train_files
+    '/w/a.dbn,/w/sub/*.ct'
+    """
+    config = copy.deepcopy(config)
+    base = os.getcwd() if base is None else base
+    for field in PATH_FIELDS if fields is None else fields:
+        *parents, leaf = field.split(".")
+        node = config
+        for name in parents:
+            node = node[name] if name in node else None
+            if node is None:
+                break
+        if node is None or leaf not in node:
+            continue
+        value = node[leaf]
+        if isinstance(value, str) and value and value not in PATH_FIELDS.get(field, ()):
+            items = value.split(",") if leaf.endswith("_files") else [value]
+            node[leaf] = ",".join(_absolute(p.strip(), base) for p in items if p.strip())
+        elif isinstance(value, (list, tuple)):
+            node[leaf] = type(value)(_absolute(str(p), base) for p in value)
+    return config
 
 
 def _paths(text) -> list[str]:
@@ -109,9 +181,8 @@ def _remove_short_hairpins(ex: dict, min_hairpin: int) -> dict:
     return dict(ex, pair_table=table)
 
 
-def clean_examples(examples: list[dict], *, min_hairpin: int, short_hairpins: str = "drop",
-                   max_length: int | None = None, limit: int = 0, seed: int = 0, name: str = "") -> list[dict]:
-    """Applies the cleaning rules of the module docstring; logs what was dropped."""
+def _clean(examples: list[dict], *, min_hairpin: int, short_hairpins: str, max_length: int | None):
+    """``(kept, n_long, n_short)``: the length and short-hairpin rules of the module docstring."""
     if short_hairpins not in ("drop", "remove"):
         raise ValueError(f"data.short_hairpins must be 'drop' or 'remove', got {short_hairpins!r}")
     out, n_long, n_short = [], 0, 0
@@ -127,16 +198,64 @@ def clean_examples(examples: list[dict], *, min_hairpin: int, short_hairpins: st
                 continue
             ex = _remove_short_hairpins(ex, min_hairpin)
         out.append(ex)
-    if limit and len(out) > limit:
-        keep = np.sort(np.random.default_rng([seed, len(out)]).permutation(len(out))[:limit])
-        out = [out[i] for i in keep]
+    return out, n_long, n_short
+
+
+def _subset(examples: list[dict], limit: int, seed: int) -> list[dict]:
+    """A seeded random subset of at most ``limit`` examples, in their order (0: all)."""
+    if not limit or len(examples) <= limit:
+        return examples
+    keep = np.sort(np.random.default_rng([seed, len(examples)]).permutation(len(examples))[:limit])
+    return [examples[i] for i in keep]
+
+
+def clean_examples(examples: list[dict], *, min_hairpin: int, short_hairpins: str = "drop",
+                   max_length: int | None = None, limit: int = 0, seed: int = 0, name: str = "") -> list[dict]:
+    """Applies the cleaning rules of the module docstring; logs what was dropped."""
+    out, n_long, n_short = _clean(examples, min_hairpin=min_hairpin, short_hairpins=short_hairpins,
+                                  max_length=max_length)
+    out = _subset(out, limit, seed)
     log.info("%s: %d examples (%d longer than %s dropped, %d with hairpins <= %d %s)", name, len(out), n_long,
              max_length, n_short, min_hairpin, "dropped" if short_hairpins == "drop" else "cleaned")
     return out
 
 
-def _raw_splits(data_cfg, min_hairpin: int) -> dict[str, list[dict]]:
-    from data.examples import load_examples, split_of
+def _what_was_dropped(n_raw, n_long, n_short, n_kept, *, max_length, min_hairpin, short_hairpins, limit_key):
+    """``"; 2 longer than 200 dropped, ..."`` for a split's provenance ('' when all were kept)."""
+    parts = []
+    if n_long:
+        parts.append(f"{n_long} longer than {max_length} dropped")
+    if n_short and short_hairpins == "drop":
+        parts.append(f"{n_short} with a hairpin <= {min_hairpin} dropped")
+    n_clean = n_raw - n_long - (n_short if short_hairpins == "drop" else 0)
+    if n_kept < n_clean:
+        parts.append(f"{n_kept} of {n_clean} kept by config.data.{limit_key}")
+    return "; " + ", ".join(parts) if parts else ""
+
+
+def _shown(paths: list[str], limit: int = 3) -> str:
+    shown = ", ".join(paths[:limit])
+    return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
+
+
+def _load_files(data_cfg, key: str):
+    """``load_examples`` of ``config.data.<key>``; a missing file names the field and the directory."""
+    from data.examples import load_examples
+
+    paths = _paths(data_cfg.get(key, ""))
+    try:
+        examples, report = load_examples(paths)
+    except FileNotFoundError as err:
+        relative = [p for p in paths if not os.path.isabs(os.path.expanduser(p))]
+        where = f" (relative paths are read from the current directory, {os.getcwd()})" if relative else ""
+        raise FileNotFoundError(f"config.data.{key}: {err}{where}; fix the path, e.g. "
+                                f"--config.data.{key}=/absolute/path.dbn") from None
+    log.info("%s: %s", key, report.summary())
+    return examples, f"config.data.{key}: {_shown(paths)}"
+
+
+def _raw_splits(data_cfg, min_hairpin: int) -> Splits:
+    from data.examples import split_of
 
     source = "files" if _paths(data_cfg.get("train_files", "")) else data_cfg.get("source", "archiveii")
     if source == "archiveii":
@@ -148,20 +267,30 @@ def _raw_splits(data_cfg, min_hairpin: int) -> dict[str, list[dict]]:
             examples = [ex for ex in examples if ex["in_lis"]]
         from data.examples import fold_split_of
 
-        return {s: [ex for ex in examples if fold_split_of(ex, fold) == s] for s in SPLIT_NAMES}
+        if fold:
+            sources = {"train": f"ArchiveII without {fold}, less the other families' random 'valid' part",
+                       "valid": f"ArchiveII without {fold}: the random 'valid' part of the other families",
+                       "test": f"ArchiveII family {fold}, held out"}
+        else:
+            sources = {s: f"ArchiveII random split '{s}'" for s in SPLIT_NAMES}
+        return Splits({s: [ex for ex in examples if fold_split_of(ex, fold) == s] for s in SPLIT_NAMES}, sources)
     if source == "files":
-        train, report = load_examples(_paths(data_cfg.train_files))
-        log.info("train files: %s", report.summary())
-        splits = {"train": train}
-        for split, key in (("valid", "valid_files"), ("test", "eval_files")):
-            paths = _paths(data_cfg.get(key, ""))
-            if paths:
-                splits[split], report = load_examples(paths)
-                log.info("%s files: %s", split, report.summary())
+        train, train_source = _load_files(data_cfg, "train_files")
+        splits, sources = {"train": train}, {"train": train_source}
+        carved = []
+        for split in ("valid", "test"):
+            key = _FILE_KEYS[split]
+            if _paths(data_cfg.get(key, "")):
+                splits[split], sources[split] = _load_files(data_cfg, key)
             else:
                 splits[split] = [ex for ex in train if split_of(ex["sequence"]) == split]
                 splits["train"] = [ex for ex in splits["train"] if split_of(ex["sequence"]) != split]
-        return splits
+                sources[split] = (f"carved from config.data.train_files by sequence hash (~10%); "
+                                  f"set config.data.{key} to choose")
+                carved.append(split)
+        if carved:
+            sources["train"] += f", less the {' and '.join(carved)} part{'s' if len(carved) > 1 else ''}"
+        return Splits(splits, sources)
     if source == "synthetic":
         syn = data_cfg.synthetic
         params = teacher_params(syn.teacher, scale=float(syn.get("teacher_scale", 1.0)), seed=int(syn.seed))
@@ -170,26 +299,41 @@ def _raw_splits(data_cfg, min_hairpin: int) -> dict[str, list[dict]]:
             out[split] = synthetic_examples(params, int(syn.get(f"num_{split}")), list(syn.lengths),
                                             seed=int(syn.seed) * 1000 + k + 1, min_hairpin=min_hairpin,
                                             prefix=f"synthetic_{split}")
-        return out
+        return Splits(out, {s: f"synthetic, sampled from teacher {syn.teacher!r}" for s in SPLIT_NAMES})
     raise ValueError(f"unknown data.source {source!r}; one of 'archiveii', 'files', 'synthetic'")
 
 
-def load_splits(data_cfg, *, min_hairpin: int, seed: int = 0, splits: Sequence[str] = SPLIT_NAMES
-                ) -> dict[str, list[dict]]:
-    """``{"train": [...], "valid": [...], "test": [...]}`` (example dicts) for ``config.data``."""
+def load_splits(data_cfg, *, min_hairpin: int, seed: int = 0, splits: Sequence[str] = SPLIT_NAMES) -> Splits:
+    """``{"train": [...], "valid": [...], "test": [...]}`` (example dicts) for ``config.data``.
+
+    The result's ``sources`` say where each split came from (:func:`describe_splits`);
+    a validation split smaller than :data:`SMALL_VALID` is logged as a warning.
+    """
     raw = _raw_splits(data_cfg, min_hairpin)
     max_length = int(data_cfg.get("max_length", 0)) or None
     max_eval = int(data_cfg.get("max_eval_length", 0)) or max_length
-    out = {}
+    short_hairpins = data_cfg.get("short_hairpins", "drop")
+    out = Splits()
     for k, split in enumerate(splits):
         examples = raw[split]
         if split == "train" and data_cfg.get("drop_duplicates", False):
             examples = [ex for ex in examples if not ex.get("dup_of")]
-        out[split] = clean_examples(
-            examples, min_hairpin=min_hairpin, short_hairpins=data_cfg.get("short_hairpins", "drop"),
-            max_length=max_eval if split == "test" else max_length,
-            limit=int(data_cfg.get(f"max_{split}_examples", 0)), seed=seed + k, name=split,
-        )
+        length = max_eval if split == "test" else max_length
+        kept, n_long, n_short = _clean(examples, min_hairpin=min_hairpin, short_hairpins=short_hairpins,
+                                       max_length=length)
+        out[split] = _subset(kept, int(data_cfg.get(f"max_{split}_examples", 0)), seed + k)
+        log.info("%s: %d examples (%d longer than %s dropped, %d with hairpins <= %d %s)", split, len(out[split]),
+                 n_long, length, n_short, min_hairpin, "dropped" if short_hairpins == "drop" else "cleaned")
+        out.sources[split] = raw.sources[split] + _what_was_dropped(
+            len(examples), n_long, n_short, len(out[split]), max_length=length, min_hairpin=min_hairpin,
+            short_hairpins=short_hairpins, limit_key=f"max_{split}_examples")
         if not out[split]:
-            raise ValueError(f"the {split} split is empty after cleaning; check config.data")
+            raise ValueError(f"the {split} split is empty after cleaning ({out.sources[split]}; {len(examples)} "
+                             f"before cleaning); check config.data")
+    log.info("data: %s", describe_splits(out))
+    if "valid" in out and len(out["valid"]) < SMALL_VALID:
+        log.warning("the validation split has only %d example(s) (%s): the best checkpoint is picked on them, so "
+                    "the choice is noisy; give more (config.data.valid_files, config.data.max_valid_examples)",
+                    len(out["valid"]),
+                    out.sources["valid"])
     return out

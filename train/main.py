@@ -7,10 +7,14 @@ Usage (also as ``foldax train|eval|export-params ...``, which forwards here)::
     python -m train.main export-params --workdir runs/x --out params.npz [--checkpoint best|latest]
 
 ``--config FILE[:ARG]`` is a Python file with ``get_config()`` (or
-``get_config(ARG)``) returning an ``ml_collections.ConfigDict``; options
-``--config.a.b=VALUE`` (or ``--config.a.b VALUE``) override fields, parsed
-to the field's type as ``ml_collections.config_flags`` does. ``train`` on a
-workdir that already holds a run resumes it; without ``--config`` it uses the
+``get_config(ARG)``) returning an ``ml_collections.ConfigDict``, or the name of
+one of the shipped configs (``default``, ``tiny``, ``synthetic``, ``neural``;
+``configs/tiny.py`` also works from any directory, see
+:func:`resolve_config_file`); options ``--config.a.b=VALUE`` (or
+``--config.a.b VALUE``) override fields, parsed to the field's type as
+``ml_collections.config_flags`` does. Data paths are stored absolute in the
+run's ``config.json`` (:func:`train.datasets.absolute_data_paths`). ``train`` on
+a workdir that already holds a run resumes it; without ``--config`` it uses the
 run's saved ``config.json``. Multi-host: ``--coordinator_address host:port
 --num_processes N --process_id I`` (``jax.distributed.initialize``), the same
 command on every process.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib.util
 import json
 import logging
@@ -30,13 +35,70 @@ import os
 import sys
 
 COMMANDS = ("train", "eval", "export-params")
+#: Where the shipped configs live: the ``configs`` package (``foldax.configs`` once namespaced).
+CONFIG_PACKAGES = ("configs", "foldax.configs")
+
+OVERRIDE_HELP = """\
+Override any config field with --config.a.b=VALUE (or --config.a.b VALUE); the value is parsed to the
+field's type (numbers, true/false, tuples like '(64, 128)'). An unknown field is an error.
+
+examples:
+  foldax train --config default --workdir runs/default
+  foldax train --config configs/tiny.py --workdir runs/tiny --config.num_train_steps=60 --config.batch_size=16
+  foldax train --config default --workdir runs/mine \\
+      --config.data.train_files=train.dbn --config.data.valid_files=valid.dbn --config.data.eval_files=test.dbn
+  foldax train --workdir runs/default --config.num_train_steps=3000   # resume with a longer schedule
+
+your own data (.dbn .bpseq .ct .tsv; comma-separated files, folders, globs):
+  config.data.train_files  training examples
+  config.data.valid_files  validation: picks the best checkpoint (default: ~10% of train_files, by sequence hash)
+  config.data.eval_files   the test split: final metrics and 'foldax eval' (default: another ~10% of train_files)
+"""
+
+
+def shipped_configs() -> dict[str, str]:
+    """``{name: path}`` of the configs shipped with foldax (the ``configs`` package)."""
+    for package in CONFIG_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            continue
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        found = {}
+        for folder in spec.submodule_search_locations:
+            for name in sorted(os.listdir(folder)):
+                if name.endswith(".py") and not name.startswith("_"):
+                    found.setdefault(name[:-3], os.path.join(folder, name))
+        if found:
+            return found
+    return {}
+
+
+def resolve_config_file(path: str) -> str:
+    """The config file ``path`` names: the file itself if it exists, else a shipped config
+    by name (``tiny``, ``tiny.py`` or ``configs/tiny.py``, from any directory).
+
+    >>> os.path.basename(resolve_config_file("tiny"))
+    'tiny.py'
+    """
+    if os.path.exists(path):
+        return path
+    folder, base = os.path.split(path)
+    name = base[:-3] if base.endswith(".py") else base
+    shipped = shipped_configs()
+    if name in shipped and (not folder or os.path.basename(os.path.normpath(folder)) == "configs"):
+        return shipped[name]
+    known = ", ".join(shipped) or "none found"
+    raise FileNotFoundError(f"config file {path} not found (from {os.getcwd()}); give a path to a .py file "
+                            f"with get_config(), or a shipped config name: {known}")
 
 
 def load_config_file(spec: str):
-    """``get_config()`` of a Python file; ``FILE:ARG`` passes ARG to ``get_config``."""
+    """``get_config()`` of a Python file (or shipped config name, see :func:`resolve_config_file`);
+    ``FILE:ARG`` passes ARG to ``get_config``."""
     path, _, arg = spec.partition(":")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"config file {path} not found")
+    path = resolve_config_file(path)
     module_spec = importlib.util.spec_from_file_location(f"_foldax_config_{abs(hash(path))}", path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
@@ -106,18 +168,29 @@ def _split_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="foldax", description="Train and evaluate foldax models.")
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="foldax", description="Train and evaluate foldax models.",
+                                     epilog=OVERRIDE_HELP, formatter_class=formatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train (or resume) a model in a workdir")
-    train.add_argument("--config", help="config file (configs/*.py[:arg]); default: the workdir's config.json")
-    train.add_argument("--workdir", required=True)
+    train = sub.add_parser(
+        "train", help="train (or resume) a model in a workdir", formatter_class=formatter, epilog=OVERRIDE_HELP,
+        description="Train a model from a config into WORKDIR, or resume the run already there (from its\n"
+                    "latest checkpoint; the result is bit-identical to an uninterrupted run). Writes config.json,\n"
+                    "checkpoints/, metrics.jsonl, TensorBoard events and summary.json (test metrics of the best\n"
+                    "checkpoint). SIGTERM saves a checkpoint and stops.")
+    train.add_argument("--config", help="config: a shipped name (default, tiny, synthetic, neural), or a .py file "
+                                        "with get_config() (FILE[:ARG]); default: the workdir's config.json")
+    train.add_argument("--workdir", required=True, help="output folder (created; an existing run is resumed)")
     train.add_argument("--coordinator_address", "--coordinator-address", default=None,
                        help="host:port of process 0 (multi-host; jax.distributed.initialize)")
     train.add_argument("--num_processes", "--num-processes", type=int, default=None)
     train.add_argument("--process_id", "--process-id", type=int, default=None)
-    ev = sub.add_parser("eval", help="test metrics of a run's best (or latest) checkpoint")
+    ev = sub.add_parser("eval", help="test metrics of a run's best (or latest) checkpoint",
+                        formatter_class=formatter,
+                        epilog="--config.a.b=VALUE overrides fields of the run's config.json, e.g. "
+                               "--config.data.eval_files=other.dbn to evaluate on other data.")
     ev.add_argument("--workdir", required=True)
-    ev.add_argument("--config", help="config file to use instead of the workdir's config.json")
+    ev.add_argument("--config", help="config (name or file) to use instead of the workdir's config.json")
     ev.add_argument("--split", default="test", choices=("train", "valid", "test"))
     ev.add_argument("--checkpoint", default="best", choices=("best", "latest"))
     ex = sub.add_parser("export-params", help="write the score tensors of a run to an .npz (for layers/foldax fold)")
@@ -128,13 +201,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _get_config(args, overrides):
+    """The config of a command: ``--config`` (or the workdir's ``config.json``) with the
+    overrides applied, data paths made absolute (those of a saved config.json only where
+    overridden now: its relative paths were relative to where it was written)."""
+    from train.datasets import PATH_FIELDS, absolute_data_paths
     from train.train import load_config
 
     if args.config:
         config = load_config_file(args.config)
     else:
         config = load_config(args.workdir)
-    return apply_overrides(config, overrides)
+    config = apply_overrides(config, overrides)
+    fields = None if args.config else [path for path, _ in overrides if path in PATH_FIELDS]
+    return absolute_data_paths(config, fields=fields)
 
 
 def _init_distributed(args):
@@ -169,6 +248,20 @@ def _quiet_orbax(record: logging.LogRecord) -> bool:
     """Drops Orbax's expected warnings (a save without validation metrics, read-only managers)."""
     message = record.getMessage()
     return not any(text in message for text in _ORBAX_NOISE)
+
+
+@contextlib.contextmanager
+def quiet_orbax():
+    """Within the block, Orbax's expected warnings (see :func:`_quiet_orbax`) are dropped
+    (for callers outside this command line, e.g. ``foldax fold --params WORKDIR``)."""
+    logger = logging.getLogger("absl")
+    added = _quiet_orbax not in logger.filters
+    logger.addFilter(_quiet_orbax)
+    try:
+        yield
+    finally:
+        if added:
+            logger.removeFilter(_quiet_orbax)
 
 
 def main(argv: list[str] | None = None) -> int:
