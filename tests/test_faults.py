@@ -24,6 +24,7 @@ import errno
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -194,7 +195,7 @@ def _drop_commit_marker(step_dir: Path) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("damage", [_truncate, _delete, _corrupt, _drop_commit_marker],
                          ids=["truncated", "deleted", "corrupted", "no-commit-marker"])
-def test_damaged_latest_checkpoint(files, baseline, tmp_path, damage, capsys):
+def test_damaged_latest_checkpoint(files, baseline, tmp_path, damage, caplog):
     from train import main as train_main
 
     workdir = _copy(baseline, tmp_path)
@@ -203,6 +204,8 @@ def test_damaged_latest_checkpoint(files, baseline, tmp_path, damage, capsys):
     # eval / export-params: report the damaged step, use the newest one that verifies, move nothing
     assert train_main.main(["export-params", "--workdir", str(workdir), "--checkpoint", "latest",
                             "--out", str(tmp_path / "p20.npz")]) == 0
+    [line] = _damage_lines(caplog.text)
+    assert "step 30" in line and what in line and "using the latest checkpoint that verifies: step 20" in caplog.text
     assert _steps(workdir) == [10, 20, 30]
 
     resumed = _run(_command(files, workdir))
@@ -258,7 +261,8 @@ def _can_mount_tmpfs(tmp_path) -> bool:
 
 @pytest.mark.slow
 def test_disk_fills_during_save_tmpfs(files, baseline, tmp_path):
-    """checkpoints/ on a tmpfs of 1.5 checkpoints (a private mount namespace): the second save fills it."""
+    """checkpoints/ on a tmpfs of 1.5 checkpoints (a private mount namespace): the second or third save
+    fills it (how far a save gets depends on timing and page rounding)."""
     if not _can_mount_tmpfs(tmp_path):
         pytest.skip("cannot mount a tmpfs here (unshare --user --mount not permitted)")
     one = sum(-(-p.stat().st_size // 4096) * 4096 for p in (baseline[0] / "checkpoints" / "10").rglob("*")
@@ -282,14 +286,16 @@ def test_disk_fills_during_save_tmpfs(files, baseline, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     full_err = (tmp_path / "full.err").read_text()
     assert (tmp_path / "full.rc").read_text().strip() == "1", full_err[-3000:]
-    message = full_err.strip().splitlines()[-1]
-    assert message.startswith("foldax train: error: could not write the checkpoint of step")
-    assert "No space left on device" in message and "the latest complete checkpoint is step 10" in message
-    assert "Traceback" not in full_err and len(full_err.splitlines()) < 40  # no wall of Orbax tracebacks
-    assert "10" in (tmp_path / "full.ls").read_text().split()
+    message = full_err.strip().splitlines()[-1]  # the last word, after Orbax's own (one-line) reports
+    found = re.match(r"foldax train: error: could not write the checkpoint of step (\d+) to .*No space left on "
+                     r"device.*the latest complete checkpoint is step (\d+) ", message)
+    assert found, full_err[-3000:]
+    failed, latest = int(found[1]), int(found[2])
+    assert failed > latest >= 10 and str(latest) in (tmp_path / "full.ls").read_text().split()
+    assert "Traceback" not in full_err and len(full_err.splitlines()) < 30  # no wall of Orbax tracebacks
 
     assert (tmp_path / "again.rc").read_text().strip() == "0", (tmp_path / "again.err").read_text()[-3000:]
-    assert _summary(workdir)["resumed_from_step"] == 10 and _summary(workdir)["steps"] == STEPS
+    assert _summary(workdir)["resumed_from_step"] == latest and _summary(workdir)["steps"] == STEPS
     with np.load(tmp_path / "p.npz") as f:
         _assert_same_params({k: f[k] for k in f.files}, baseline[1])
 

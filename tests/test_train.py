@@ -456,3 +456,25 @@ def test_config_changes_compare_paths_as_absolute(tmp_path, monkeypatch):
     old = {"data": {"train_files": str(tmp_path / "a.dbn") + "," + str(tmp_path / "b.dbn")}, "batch_size": 8}
     assert config_changes(old, {"data": {"train_files": "a.dbn, b.dbn"}, "batch_size": 8}) == []
     assert config_changes(old, {"data": {"train_files": "a.dbn"}, "batch_size": [8]})[0][0] == "batch_size"
+
+
+def test_eval_while_training_skips_the_step_being_sealed(trained, tmp_path, caplog):
+    """The newest step without a manifest is damaged -- unless a live trainer is about to seal it."""
+    import logging
+
+    from train.checkpointing import MANIFEST, WorkdirLock
+
+    workdir = _copy_run(trained, tmp_path)
+    shutil.copytree(workdir / "checkpoints" / "10", workdir / "checkpoints" / "20")
+    (workdir / "checkpoints" / "20" / MANIFEST).unlink()
+    caplog.set_level(logging.INFO, logger="foldax.train")
+    with WorkdirLock(str(workdir)):
+        restored = trainer.restore_for_inference(str(workdir), "latest")
+        restored.manager.close()
+    assert restored.step == 10 and "step 20 is still being written by the running trainer" in caplog.text
+    assert "damaged checkpoint" not in caplog.text
+    caplog.clear()
+    restored = trainer.restore_for_inference(str(workdir), "latest")
+    restored.manager.close()
+    assert restored.step == 10
+    assert f"damaged checkpoint step 20 ({workdir}/checkpoints/20): {MANIFEST} is missing" in caplog.text

@@ -379,6 +379,9 @@ class _Saver:
         self._seals = jax.process_index() == 0
 
     def save(self, step, state, data_iter, metrics=None) -> None:
+        # Orbax would wait for the previous save before starting this one anyway; waiting here first
+        # seals it, and a failure stops the run before another save is under way.
+        self.finish()
         self.pending.append(step)
         try:
             _save(self.manager, step, state, data_iter, metrics=metrics, force=True)
@@ -532,7 +535,7 @@ class _Preemption:
         return self
 
     def _handler(self, signum, frame):
-        if signum == signal.SIGINT and self.signal_name == "SIGINT":
+        if signum == signal.SIGINT and self.flag:  # a stop is already under way: the user insists
             os.write(2, b"\nfoldax train: second Ctrl-C: stopped at once, without saving\n")
             os._exit(130)
         if not self.flag:
@@ -629,24 +632,42 @@ class _OrbaxErrorsInOneLine(logging.Filter):
         return True
 
 
+def _orphaned_orbax_task(record: logging.LogRecord) -> bool:
+    """False for asyncio's 'Task exception was never retrieved' about an Orbax write (a filter)."""
+    return not (record.getMessage().startswith("Task exception was never retrieved") and "orbax" in record.getMessage())
+
+
+def _event_loop_closed_hook(previous):
+    def unraisable(info):
+        if not (isinstance(info.exc_value, RuntimeError) and str(info.exc_value) == "Event loop is closed"):
+            previous(info)
+
+    return unraisable
+
+
 @contextlib.contextmanager
 def _orbax_errors_in_one_line():
     """:class:`_OrbaxErrorsInOneLine`, and silence for the ``Event loop is closed`` errors TensorStore's
-    callbacks raise (unraisable, each printed with a traceback) when a failed save's event loop is gone."""
+    callbacks raise (unraisable, each printed with a traceback) when a failed save's event loop is gone.
+
+    After a :class:`CheckpointError` both stay, with a filter for asyncio's reports of Orbax's orphaned
+    write tasks, which come when those are garbage-collected (often at exit): the error said it all.
+    """
     absl_logger, one_line = logging.getLogger("absl"), _OrbaxErrorsInOneLine()
     previous_hook = sys.unraisablehook
-
-    def unraisable(info):
-        if not (isinstance(info.exc_value, RuntimeError) and str(info.exc_value) == "Event loop is closed"):
-            previous_hook(info)
-
     absl_logger.addFilter(one_line)
-    sys.unraisablehook = unraisable
+    sys.unraisablehook = _event_loop_closed_hook(previous_hook)
+    keep = False
     try:
         yield
+    except CheckpointError:
+        logging.getLogger("asyncio").addFilter(_orphaned_orbax_task)
+        keep = True
+        raise
     finally:
-        absl_logger.removeFilter(one_line)
-        sys.unraisablehook = previous_hook
+        if not keep:
+            absl_logger.removeFilter(one_line)
+            sys.unraisablehook = previous_hook
 
 
 def _train_and_evaluate(config, workdir: str, t_start: float) -> dict:
@@ -986,8 +1007,14 @@ def restore_for_inference(workdir: str, which: str = "best", config=None) -> Res
         raise FileNotFoundError(f"no checkpoint in {ckpt_dir}")
     damaged = [c for c in checks if not c.ok]
     good = [c.step for c in checks if c.ok]
-    for check in damaged:
-        log.warning("damaged checkpoint %s -- skipped", checkpointing.describe(check))
+    trainer_pid = checkpointing.running_trainer(workdir)
+    for check in list(damaged):
+        if trainer_pid and check.unconfirmed and check is checks[0]:  # the trainer is sealing it right now
+            log.info("step %d is still being written by the running trainer (pid %d): skipped", check.step,
+                     trainer_pid)
+            damaged.remove(check)
+        else:
+            log.warning("damaged checkpoint %s -- skipped", checkpointing.describe(check))
     if not good:
         raise CheckpointError(f"no checkpoint in {ckpt_dir} restores completely; tried: "
                               + "; ".join(checkpointing.describe(c) for c in damaged))
