@@ -23,6 +23,7 @@ import ml_collections
 def get_config():
     config = ml_collections.ConfigDict()
     config.seed = 0
+    config.init = ""  # a training workdir: start this (new) run from its best checkpoint's parameters
 
     config.model = ml_collections.ConfigDict()
     config.model.name = "stacking"  # or "neural" (see configs/neural.py)

@@ -172,7 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         import importlib
 
         train_main = importlib.import_module("train.main")  # lazily: training pulls in a lot
-        rc = train_main.main(argv)
+        try:
+            rc = train_main.main(argv)
+        except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves and stops by itself)
+            print(f"foldax {argv[0]}: interrupted (Ctrl-C); checkpoints written so far are kept", file=sys.stderr)
+            return 130
         return 0 if rc is None else int(rc)
     parser = build_parser()
     try:

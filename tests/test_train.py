@@ -1,5 +1,6 @@
 """Tests for train/: the training loop, checkpoints, resume, divergence, eval and export (in-process)."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -271,3 +272,209 @@ def test_neural_config_trains(dataset, tmp_path):
 def test_bad_best_metric_is_a_clear_error(dataset, tmp_path):
     with pytest.raises(ValueError, match="best_metric"):
         trainer.train_and_evaluate(small_config(dataset, best_metric="best/f1"), str(tmp_path / "x"))
+
+
+# ------------------------------------------------------------ resuming safely (train.checkpointing)
+
+
+@pytest.fixture(scope="module")
+def trained(dataset, tmp_path_factory):
+    """A 10-step run (one checkpoint, at step 10) that tests copy before changing."""
+    workdir = tmp_path_factory.mktemp("trained") / "run"
+    trainer.train_and_evaluate(small_config(dataset, num_train_steps=10), str(workdir))
+    return workdir
+
+
+def _copy_run(trained, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(trained, workdir)
+    return workdir
+
+
+def _checkpoint_bytes(workdir):
+    return {p.relative_to(workdir): p.read_bytes() for p in (Path(workdir) / "checkpoints").rglob("*") if p.is_file()}
+
+
+def test_eval_on_the_train_split_makes_one_pass(trained, monkeypatch):
+    """`foldax eval --split train` used the repeating training pipeline and never ended."""
+    real = trainer.evaluate
+
+    def one_pass_only(eval_step, state, pipeline, mesh):
+        assert pipeline.num_steps < 10**6, "evaluation over a pipeline that repeats forever"
+        return real(eval_step, state, pipeline, mesh)
+
+    monkeypatch.setattr(trainer, "evaluate", one_pass_only)
+    metrics = trainer.evaluate_checkpoint(str(trained), split="train")
+    assert metrics["split"] == "train" and metrics["n_seqs"] == 96  # each training example once
+
+
+def test_resume_with_a_changed_shape_names_each_field(trained, tmp_path, capsys):
+    workdir = _copy_run(trained, tmp_path)
+    before = _checkpoint_bytes(workdir)
+    assert train_main.main(["train", "--workdir", str(workdir), "--config.batch_size=16",
+                            "--config.optimizer.name=sgd"]) == 1
+    [message] = capsys.readouterr().err.strip().splitlines()  # one line
+    assert message.startswith("foldax train: error:")
+    assert "batch_size 8 -> 16" in message and "optimizer.name 'adam' -> 'sgd'" in message
+    assert "drop --config" in message and f"--config.init={workdir}" in message
+    with pytest.raises(trainer.ConfigChanged, match=r"model\.name 'stacking' -> 'neural'"):
+        trainer.train_and_evaluate(small_config(trained_dataset(workdir), **{"model.name": "neural"}), str(workdir))
+    assert _checkpoint_bytes(workdir) == before and not (workdir / "config_history.jsonl").exists()
+
+
+def trained_dataset(workdir):
+    data = json.loads((Path(workdir) / "config.json").read_text())["data"]
+    return {"train": data["train_files"], "valid": data["valid_files"], "test": data["eval_files"]}
+
+
+def test_safe_config_changes_are_allowed_and_recorded(trained, tmp_path):
+    workdir = _copy_run(trained, tmp_path)
+    config = small_config(trained_dataset(workdir), num_train_steps=12, eval_every=6, log_every=3)
+    summary = trainer.train_and_evaluate(config, str(workdir))
+    assert summary["resumed_from_step"] == 10 and summary["steps"] == 12
+    [entry] = [json.loads(line) for line in (workdir / "config_history.jsonl").read_text().splitlines()]
+    assert entry["from_step"] == 10
+    assert entry["changes"] == {"num_train_steps": [10, 12], "eval_every": [10, 6], "log_every": [10, 3]}
+    assert json.loads((workdir / "config.json").read_text())["num_train_steps"] == 12
+
+
+def test_pipeline_mismatch_says_what_changed(dataset):
+    from data.examples import load_examples
+
+    examples, _ = load_examples(dataset["train"])
+    config = PipelineConfig(batch_size=8, buckets=(64,), seed=1, shard_index=0, shard_count=1)
+    it = iter(InputPipeline(examples, config))
+    next(it)
+    state = it.get_state()
+    other = iter(InputPipeline(examples, dataclasses.replace(config, batch_size=16, shard_count=2)))
+    with pytest.raises(ValueError, match=r"batch_size 8 -> 16, shard_count 1 -> 2 .*number of processes changed.*"
+                                         r"resume with the settings the run was started with.*--config\.init="):
+        other.set_state(state)
+    fewer = iter(InputPipeline(examples[:-8], config))
+    with pytest.raises(ValueError, match=r"the training examples \(96 then, 88 now"):
+        fewer.set_state(state)
+    it.set_state(state)  # the same pipeline restores fine
+    it.close(), other.close(), fewer.close()
+
+
+def test_second_trainer_refused_and_stale_lock_ignored(dataset, tmp_path, capsys):
+    from train.checkpointing import WorkdirLock
+
+    workdir = tmp_path / "run"
+    args = ["train", "--config", str(ROOT / "configs" / "tiny.py"), "--workdir", str(workdir)]
+    workdir.mkdir()
+    with WorkdirLock(str(workdir)):  # as if another trainer held it (flock: per open file, also in-process)
+        assert train_main.main(args) == 1
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message.startswith("foldax train: error: another foldax train") and f"pid {os.getpid()}" in message
+    # a lock file left by a process that died names it, but no live process holds the lock: no obstacle
+    (workdir / "train.lock").write_text('{"pid": 999999, "host": "elsewhere", "started": "yesterday"}')
+    with WorkdirLock(str(workdir)) as lock:
+        assert json.loads(Path(lock.path).read_text())["pid"] == os.getpid()
+
+
+def test_init_copies_the_parameters_of_another_run(trained, dataset):
+    config = small_config(dataset, **{"model.name": "neural", "model.features": 8, "model.pair_features": 4,
+                                      "model.num_layers": 1, "init": str(trained)})
+    _, host_state, _ = trainer.create_state(config, 10)
+    fresh = trainer._flat_params(_copy(host_state)[0])
+    state = trainer._init_from_run(config, host_state, str(trained))
+    params = trainer._flat_params(_copy(state)[0])
+    old = read_npz(trainer.export_params(str(trained), str(Path(trained).parent / "init.npz")))
+    for name in trainer.PARAM_NAMES:
+        np.testing.assert_array_equal(params[f"inside/{name}"], old[name])
+    others = [k for k in params if not k.startswith("inside/")]
+    assert others and all(np.array_equal(params[k], fresh[k]) for k in others)  # the encoder: as initialised
+    with pytest.raises(FileNotFoundError, match="not a training workdir"):
+        trainer._init_from_run(config, host_state, str(Path(trained).parent))
+
+
+def test_restore_for_inference_is_public(trained):
+    assert trainer._restore_for_inference is trainer.restore_for_inference
+    restored = trainer.restore_for_inference(str(trained), "latest")
+    restored.manager.close()
+    assert restored.step == 10 and restored.config.num_train_steps == 10
+    config, mesh, manager, graphdef, state, step = restored  # unpacks as before
+    with pytest.raises(trainer.ConfigChanged, match=r"model\.name 'stacking' -> 'neural'"):
+        trainer.restore_for_inference(str(trained), config=small_config(trained_dataset(trained),
+                                                                        **{"model.name": "neural"}))
+
+
+def _fake_step(folder, step):
+    path = Path(folder) / str(step)
+    (path / "state" / "d").mkdir(parents=True)
+    (path / "state" / "d" / "data").write_bytes(bytes(range(256)) * 4)
+    (path / "state" / "_METADATA").write_text('{"tree": 1}')
+    (path / "commit_success.txt").write_text("Checkpoint commit was successful")
+    return path
+
+
+def test_manifests_catch_every_kind_of_damage(tmp_path):
+    from train import checkpointing as ck
+
+    ckpts = tmp_path / "checkpoints"
+    steps = {s: _fake_step(ckpts, s) for s in (10, 20, 30, 40, 50, 60)}
+    legacy = ck.scan(str(ckpts))  # no manifest anywhere: a workdir of an older foldax, used unverified
+    assert [c.step for c in legacy] == [60, 50, 40, 30, 20, 10] and all(c.ok and not c.verified for c in legacy)
+    for path in steps.values():
+        ck.seal(str(path))
+    assert all(c.ok and c.verified for c in ck.scan(str(ckpts)))
+    data = "state/d/data"
+    os.truncate(steps[60] / data, 20)
+    (steps[50] / data).unlink()
+    raw = bytearray((steps[40] / data).read_bytes())
+    raw[500] ^= 1
+    (steps[40] / data).write_bytes(bytes(raw))
+    (steps[30] / "commit_success.txt").unlink()
+    (steps[20] / ck.MANIFEST).unlink()
+    problems = {c.step: c.problem for c in ck.scan(str(ckpts))}
+    assert problems == {
+        60: f"{data} has 20 bytes where 1024 were written (truncated)",
+        50: f"{data} is missing",
+        40: f"{data} is corrupted (same size, different SHA-256)",
+        30: "Orbax's commit marker commit_success.txt is missing",
+        20: f"{ck.MANIFEST} is missing: the save was never confirmed complete (the trainer stopped while "
+            f"finishing it)",
+        10: None,
+    }
+    (steps[10] / ck.MANIFEST).write_text("{not json")
+    assert ck.verify(str(steps[10])).startswith(f"{ck.MANIFEST} is unreadable")
+
+    [check] = [c for c in ck.scan(str(ckpts)) if c.step == 60]
+    moved = ck.set_aside(str(tmp_path), check)
+    assert moved == str(tmp_path / ck.DAMAGED_DIR / "60") and not steps[60].exists()
+    assert (Path(moved) / data).stat().st_size == 20  # kept as it was, for a look
+    again = _fake_step(ckpts, 60)
+    assert ck.set_aside(str(tmp_path), ck.StepCheck(60, str(again), "x", True)).endswith("60.2")
+    assert (tmp_path / ck.DAMAGED_DIR / "README.txt").read_text().count("step 60") == 2
+
+
+def test_config_changes_compare_paths_as_absolute(tmp_path, monkeypatch):
+    from train.checkpointing import config_changes
+
+    monkeypatch.chdir(tmp_path)
+    old = {"data": {"train_files": str(tmp_path / "a.dbn") + "," + str(tmp_path / "b.dbn")}, "batch_size": 8}
+    assert config_changes(old, {"data": {"train_files": "a.dbn, b.dbn"}, "batch_size": 8}) == []
+    assert config_changes(old, {"data": {"train_files": "a.dbn"}, "batch_size": [8]})[0][0] == "batch_size"
+
+
+def test_eval_while_training_skips_the_step_being_sealed(trained, tmp_path, caplog):
+    """The newest step without a manifest is damaged -- unless a live trainer is about to seal it."""
+    import logging
+
+    from train.checkpointing import MANIFEST, WorkdirLock
+
+    workdir = _copy_run(trained, tmp_path)
+    shutil.copytree(workdir / "checkpoints" / "10", workdir / "checkpoints" / "20")
+    (workdir / "checkpoints" / "20" / MANIFEST).unlink()
+    caplog.set_level(logging.INFO, logger="foldax.train")
+    with WorkdirLock(str(workdir)):
+        restored = trainer.restore_for_inference(str(workdir), "latest")
+        restored.manager.close()
+    assert restored.step == 10 and "step 20 is still being written by the running trainer" in caplog.text
+    assert "damaged checkpoint" not in caplog.text
+    caplog.clear()
+    restored = trainer.restore_for_inference(str(workdir), "latest")
+    restored.manager.close()
+    assert restored.step == 10
+    assert f"damaged checkpoint step 20 ({workdir}/checkpoints/20): {MANIFEST} is missing" in caplog.text

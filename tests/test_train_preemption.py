@@ -1,5 +1,6 @@
 """Killing a training process: SIGKILL mid-run + restart is bit-identical to an uninterrupted run;
-SIGTERM saves a checkpoint and exits cleanly. (Real subprocesses of ``python -m train.main train``.)"""
+SIGTERM and Ctrl-C save a checkpoint and exit cleanly. (Real subprocesses of ``python -m train.main train``;
+more faults in tests/test_faults.py.)"""
 
 import json
 import signal
@@ -70,18 +71,23 @@ def test_sigkill_and_restart_is_bit_identical(files, tmp_path):
         np.testing.assert_array_equal(b[key], a[key], err_msg=key)  # bit for bit
 
 
-def test_sigterm_saves_and_exits_cleanly(files, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)],
+                         ids=["SIGTERM", "SIGINT"])
+def test_signal_saves_and_exits_cleanly(files, tmp_path, signum):
+    """SIGTERM, and Ctrl-C (SIGINT, which used to end in a KeyboardInterrupt traceback and save nothing)."""
     workdir = tmp_path / "run"
     proc = subprocess.Popen(_command(files, workdir, 5000), env=_env(1), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     _wait_for_checkpoint(workdir, 10, proc)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
     result = json.loads(out.strip().splitlines()[-1])
     assert result["status"] == "preempted" and 10 <= result["steps"] < 5000
-    assert "SIGTERM" in out
+    assert ("SIGTERM" if signum == signal.SIGTERM else "Ctrl-C (SIGINT)") in out
     assert (workdir / "checkpoints" / str(result["steps"])).is_dir()  # saved at the step it stopped
+    assert (workdir / "checkpoints" / str(result["steps"]) / "foldax_manifest.json").is_file()  # and sealed
     assert not list((workdir / "checkpoints").glob("*.orbax-checkpoint-tmp*"))
     params = _export(workdir, tmp_path / "p.npz")
     assert np.isfinite(params["stack"]).all()

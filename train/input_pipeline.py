@@ -186,6 +186,7 @@ class InputPipeline:
         if self.steps_per_epoch == 0:
             raise ValueError(f"no batches: {len(self._index)} usable examples for global batch {self._global_batch}")
         self._fingerprint = self._make_fingerprint(lengths)
+        self._description = self._describe(lengths)
         self._cache: dict[int, list[np.ndarray]] = {}
         self._lock = threading.Lock()
 
@@ -278,7 +279,7 @@ class InputPipeline:
         cfg = self.config
         ds = grain.MapDataset.range(self.num_steps).map(self.make_batch)
         options = grain.ReadOptions(num_threads=cfg.num_threads, prefetch_buffer_size=cfg.prefetch)
-        return _Fingerprinted(ds.to_iter_dataset(options), self._fingerprint)
+        return _Fingerprinted(ds.to_iter_dataset(options), self._fingerprint, self._description)
 
     def __iter__(self) -> grain.DatasetIterator:
         return iter(self.dataset())
@@ -290,6 +291,14 @@ class InputPipeline:
         digest = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode())
         digest.update(lengths.tobytes())
         return digest.hexdigest()[:16]
+
+    def _describe(self, lengths: np.ndarray) -> dict:
+        """What the fingerprint covers, in words a mismatch can be explained with (kept in the state)."""
+        cfg = dataclasses.asdict(self.config)
+        for key in ("num_threads", "prefetch"):
+            cfg.pop(key)
+        return {"config": json.loads(json.dumps(cfg)), "n_examples": int(len(lengths)),
+                "examples": hashlib.sha256(lengths.tobytes()).hexdigest()[:16]}
 
     # ------------------------------------------------------------------- stats
 
@@ -364,24 +373,52 @@ def suggest_buckets(lengths, num_buckets: int, *, multiple_of: int = 16, power: 
 class _Fingerprinted(grain.IterDataset):
     """Adds a fingerprint of the pipeline to the iterator state and checks it on restore."""
 
-    def __init__(self, parent: grain.IterDataset, fingerprint: str):
+    def __init__(self, parent: grain.IterDataset, fingerprint: str, description: dict | None = None):
         super().__init__(parent)
         self._fingerprint = fingerprint
+        self._description = description or {}
 
     def __iter__(self) -> grain.DatasetIterator:
-        return _FingerprintedIterator(self._parent.__iter__(), self._fingerprint)
+        return _FingerprintedIterator(self._parent.__iter__(), self._fingerprint, self._description)
+
+
+def _mismatch_message(saved: Mapping, fingerprint: str, description: Mapping) -> str:
+    """Why a saved iterator state (``saved``) does not fit this pipeline, and what to do instead.
+
+    >>> now = {"config": {"batch_size": 16, "seed": 0}, "n_examples": 96, "examples": "ab"}
+    >>> _mismatch_message({"pipeline": "x", "config": {"batch_size": 8, "seed": 0}, "n_examples": 96,
+    ...                    "examples": "ab"}, "y", now).split(" (fingerprint")[0]
+    'the input-pipeline position saved in the checkpoint is from a different pipeline: batch_size 8 -> 16'
+    """
+    old_cfg, new_cfg = saved.get("config"), description.get("config", {})
+    if isinstance(old_cfg, Mapping):
+        what = [f"{k} {old_cfg.get(k)!r} -> {new_cfg.get(k)!r}" for k in sorted(set(old_cfg) | set(new_cfg))
+                if old_cfg.get(k) != new_cfg.get(k)]
+        if saved.get("examples") != description.get("examples"):
+            what.append(f"the training examples ({saved.get('n_examples')} then, {description.get('n_examples')} "
+                        f"now, or other lengths)")
+        what = ", ".join(what) or "unknown differences"
+    else:  # a state saved before the description was kept
+        what = "data, seed, buckets, batch size or number of processes"
+    hint = ("batch_size is per process here: the global batch size or the number of processes changed; "
+            if isinstance(old_cfg, Mapping) and old_cfg.get("batch_size") != new_cfg.get("batch_size") else "")
+    return (f"the input-pipeline position saved in the checkpoint is from a different pipeline: {what} "
+            f"(fingerprint {saved.get('pipeline')!r}, now {fingerprint!r}); {hint}resume with the settings the "
+            f"run was started with, or start a new run in a new workdir (--config.init=<this workdir> starts it "
+            f"from this run's parameters)")
 
 
 class _FingerprintedIterator(grain.DatasetIterator):
-    def __init__(self, parent: grain.DatasetIterator, fingerprint: str):
+    def __init__(self, parent: grain.DatasetIterator, fingerprint: str, description: dict | None = None):
         super().__init__(parent)
         self._fingerprint = fingerprint
+        self._description = description or {}
 
     def __next__(self):
         return next(self._parent)
 
     def get_state(self) -> dict:
-        return {"pipeline": self._fingerprint, "iterator": self._parent.get_state()}
+        return {"pipeline": self._fingerprint, **self._description, "iterator": self._parent.get_state()}
 
     def start_prefetch(self) -> None:
         self._parent.start_prefetch()
@@ -391,8 +428,5 @@ class _FingerprintedIterator(grain.DatasetIterator):
 
     def set_state(self, state: dict) -> None:
         if state.get("pipeline") != self._fingerprint:
-            raise ValueError(
-                f"iterator state is from a different pipeline (fingerprint {state.get('pipeline')!r}, "
-                f"this one {self._fingerprint!r}): data, seed, buckets, batch size or shards differ"
-            )
+            raise ValueError(_mismatch_message(state, self._fingerprint, self._description))
         self._parent.set_state(state["iterator"])

@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     except trainer.TrainingDiverged as err:
         print(f"foldax {args.command}: {err}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, KeyError, ValueError) as err:
+    except (FileNotFoundError, KeyError, ValueError, trainer.WorkdirError) as err:
         print(f"foldax {args.command}: error: {err}", file=sys.stderr)
         return 1
 

@@ -5,7 +5,10 @@
 loss (:mod:`model.loss`: negative log-likelihood per nucleotide), evaluates on
 the validation split every ``eval_every`` steps and, at the end, the best
 checkpoint on the test split. :func:`evaluate_checkpoint` and
-:func:`export_params` serve ``main eval`` / ``main export-params``.
+:func:`export_params` serve ``main eval`` / ``main export-params``;
+:func:`restore_for_inference` is what they (and :mod:`train.compare`) restore
+with. Evaluation makes exactly one pass over a split, the training split
+included.
 
 Parallelism. One ``jax.sharding.Mesh`` over all devices of all processes with
 one axis ``data``; every batch is sharded over it, the parameters and the
@@ -20,26 +23,55 @@ multiple of the device count.
 
 Checkpoints (Orbax ``CheckpointManager`` in ``<workdir>/checkpoints``): model
 parameters, optimizer state and the input pipeline's iterator state, saved
-asynchronously every ``checkpoint_every`` steps, at the end, and on SIGTERM.
-Kept: the latest ``keep_checkpoints`` and the best one by ``best_metric`` on the
-validation split (``preservation_policy``: ``LatestN`` or ``BestN``). Orbax writes
-each checkpoint into a temporary directory and renames it when complete, so an
-interrupted write is never restored. Re-running with the same workdir resumes
-from the latest checkpoint exactly (same batches, same parameters: bit-identical
-to an uninterrupted run).
+asynchronously every ``checkpoint_every`` steps, at the end, and on SIGTERM or
+Ctrl-C. Kept: the latest ``keep_checkpoints`` and the best one by
+``best_metric`` on the validation split (``preservation_policy``: ``LatestN``
+or ``BestN``). Orbax writes each checkpoint into a temporary directory and
+renames it when complete, so an interrupted write is never restored; once it
+is committed, foldax adds a manifest of its files' sizes and checksums
+(:mod:`train.checkpointing`). Re-running with the same workdir resumes from the
+latest checkpoint exactly (same batches, same parameters: bit-identical to an
+uninterrupted run), after three checks (:mod:`train.checkpointing`): no other
+trainer holds the workdir's lock; the config differs from ``config.json`` only
+in fields that may change (others stop the run, naming each field); and every
+checkpoint verifies against its manifest -- a damaged one is reported in one
+line, moved to ``damaged_checkpoints/``, and the run resumes from the newest
+one that verifies. A checkpoint that cannot be written (a full disk) stops
+the run with :class:`CheckpointError`; the previous one stays the latest.
 
-Outputs in ``workdir``: ``config.json``, ``checkpoints/``, TensorBoard event
-files (``tensorboardX``, if installed), ``metrics.jsonl`` (every logged scalar),
-and ``summary.json`` (test metrics of the best checkpoint, steps, wall time).
+``config.init = "<workdir of another run>"`` starts a *new* run (step 0, a
+fresh optimizer) from that run's best checkpoint: every parameter array whose
+name and shape the two models share is copied, the others keep their
+initialisation (both are listed). It applies only when the workdir has no
+checkpoint yet -- the way to continue from a run whose config cannot change.
+
+Outputs in ``workdir``: ``config.json``, ``config_history.jsonl`` (allowed
+config changes at resumes), ``checkpoints/``, ``damaged_checkpoints/`` (if
+any), ``train.lock``, TensorBoard event files (``tensorboardX``, if
+installed), ``metrics.jsonl`` (every logged scalar), and ``summary.json``
+(test metrics of the best checkpoint, steps, wall time).
 
 A non-finite loss or gradient stops training with :class:`TrainingDiverged`;
 that step's update is not applied (the step function keeps the old state) and
 no checkpoint is written after it, so the last good checkpoint stays the
-latest.
+latest. SIGTERM and the first Ctrl-C (SIGINT) finish the current step, save a
+checkpoint and stop (status ``"preempted"``); a second Ctrl-C stops at once
+(exit status 130) without saving.
+
+Fault injection, for tests only (environment variables, read when training
+starts; never set them otherwise):
+
+* ``FOLDAX_TEST_NAN_AT_STEP=K``: the batch of step ``K`` (1-based) gets NaN
+  row weights, so its loss and gradient are NaN -- a divergence through the
+  real step function;
+* ``FOLDAX_TEST_SLOW_SAVE=K:SECONDS``: the asynchronous save of step ``K``
+  waits SECONDS after writing its files, before Orbax commits it (so a test
+  can kill the process during a save).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -48,6 +80,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -61,14 +94,22 @@ from jax.sharding import PartitionSpec as P
 from model.decoding import eval_sums, finalize
 from model.loss import cll_loss
 from model.models import create_model
+from train import checkpointing
+from train.checkpointing import CheckpointError, ConfigChanged, WorkdirError, WorkdirLocked
 from train.datasets import load_splits
 from train.input_pipeline import InputPipeline, PipelineConfig
 
 __all__ = [
     "TrainingDiverged",
+    "WorkdirError",
+    "WorkdirLocked",
+    "CheckpointError",
+    "ConfigChanged",
     "train_and_evaluate",
     "evaluate_checkpoint",
     "export_params",
+    "restore_for_inference",
+    "Restored",
     "load_config",
     "make_mesh",
     "create_optimizer",
@@ -274,21 +315,27 @@ def make_checkpoint_manager(workdir: str, config, *, read_only: bool = False):
     from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
     best_metric = config.get("best_metric", "mea/f1")
+
+    def metric(m):  # a checkpoint saved before best_metric changed may lack it: it ranks last
+        return m.get(best_metric, float("-inf"))
+
     policies = [pp.LatestN(n=int(config.get("keep_checkpoints", 3)))]
     if best_metric:
-        policies.append(pp.BestN(get_metric_fn=lambda m: m[best_metric], reverse=False, n=1,
-                                 keep_checkpoints_without_metrics=False))
+        policies.append(pp.BestN(get_metric_fn=metric, reverse=False, n=1, keep_checkpoints_without_metrics=False))
+    directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+    is_async = bool(config.get("async_checkpointing", True))
+    slow_save = _slow_save_hook(directory) if is_async and not read_only else None
     options = ocp.CheckpointManagerOptions(
         preservation_policy=pp.AnyPreservationPolicy(policies),
-        best_fn=(lambda m: m[best_metric]) if best_metric else None,
+        best_fn=metric if best_metric else None,
         best_mode="max",
-        enable_async_checkpointing=bool(config.get("async_checkpointing", True)),
+        enable_async_checkpointing=is_async,
+        async_options=ocp.AsyncOptions(post_finalization_callback=slow_save) if slow_save else None,
         create=not read_only,
         read_only=read_only,
         cleanup_tmp_directories=not read_only,
     )
-    return ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "checkpoints")), options=options,
-                                 item_names=("state", "data"))
+    return ocp.CheckpointManager(directory, options=options, item_names=("state", "data"))
 
 
 def _save(manager, step, state, data_iter, metrics=None, force=False):
@@ -312,6 +359,115 @@ def _restore(manager, step, state, mesh, data_iter=None):
         args["data"] = grain.checkpoint.CheckpointRestore(data_iter)
     restored = manager.restore(step, args=ocp.args.Composite(**args))
     return _from_ckpt(state, restored["state"])
+
+
+class _Saver:
+    """Saves through the Orbax manager and seals each committed step (:func:`checkpointing.seal`).
+
+    An asynchronous save is sealed once Orbax has committed it (:meth:`poll`
+    after every step, :meth:`finish`). A save that fails -- at once or in the
+    background, e.g. on a full disk -- raises :class:`CheckpointError` naming
+    the step and the latest complete checkpoint.
+    """
+
+    def __init__(self, manager, workdir: str, *, latest: int | None):
+        self.manager = manager
+        self.workdir = workdir
+        self.directory = os.path.join(workdir, "checkpoints")
+        self.latest_sealed = latest  # newest step known complete
+        self.pending: list[int] = []
+        self._seals = jax.process_index() == 0
+
+    def save(self, step, state, data_iter, metrics=None) -> None:
+        # Orbax would wait for the previous save before starting this one anyway; waiting here first
+        # seals it, and a failure stops the run before another save is under way.
+        self.finish()
+        self.pending.append(step)
+        try:
+            _save(self.manager, step, state, data_iter, metrics=metrics, force=True)
+        except Exception as err:  # noqa: BLE001 - any failed write stops the run the same way
+            self._seal_committed(all_done=True)
+            raise self._failed(err) from err
+        self._seal_committed(all_done=False)
+
+    def poll(self) -> None:
+        if self.pending:
+            self._seal_committed(all_done=False)
+
+    def finish(self) -> None:
+        """Waits for the save in flight, then seals every committed step."""
+        try:
+            self.manager.wait_until_finished()
+            self.manager.check_for_errors()
+        except Exception as err:  # noqa: BLE001
+            self._seal_committed(all_done=True)
+            raise self._failed(err) from err
+        self._seal_committed(all_done=True)
+        if self.pending:
+            raise self._failed(RuntimeError(f"Orbax finished without committing step {self.pending[0]}"))
+
+    def _seal_committed(self, *, all_done: bool) -> None:
+        """Seals the pending steps Orbax has committed (renamed to their final name).
+
+        Orbax runs one save at a time, and a save is complete once its
+        directory has its final name; only the newest save may still be in flight.
+        """
+        in_flight = None if all_done or not self.manager.is_saving_in_progress() else self.pending[-1]
+        for step in list(self.pending):
+            path = os.path.join(self.directory, str(step))
+            if step == in_flight or not os.path.isdir(path):
+                continue
+            if self._seals:
+                try:
+                    checkpointing.seal(path)
+                except OSError as err:
+                    raise self._failed(err, step=step) from err
+            self.pending.remove(step)
+            self.latest_sealed = step
+
+    def _failed(self, err: BaseException, *, step: int | None = None) -> CheckpointError:
+        step = step if step is not None else self.pending[0] if self.pending else "?"
+        latest = self.latest_sealed
+        where = (f"the latest complete checkpoint is step {latest} ({os.path.join(self.directory, str(latest))})"
+                 if latest else "there is no complete checkpoint yet")
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return CheckpointError(f"could not write the checkpoint of step {step} to {self.directory}: "
+                               f"{type(err).__name__}: {reason}. Training stopped; {where}. Fix the cause (e.g. "
+                               f"free disk space) and run the same command again to resume.")
+
+
+def _close_manager(manager) -> None:
+    """Closes ``manager`` while another error is already on its way (which must not be masked)."""
+    try:
+        manager.close()
+    except Exception as err:  # noqa: BLE001
+        log.debug("closing the checkpoint manager after an error: %s", err)
+
+
+# ------------------------------------------------------------------ fault injection (tests)
+
+
+def _nan_injection_step() -> int | None:
+    text = os.environ.get("FOLDAX_TEST_NAN_AT_STEP", "").strip()
+    return int(text) if text else None
+
+
+def _slow_save_hook(directory: str):
+    """``FOLDAX_TEST_SLOW_SAVE=K:SECONDS``: a callback Orbax runs before committing a save (None if unset)."""
+    text = os.environ.get("FOLDAX_TEST_SLOW_SAVE", "").strip()
+    if not text:
+        return None
+    step, _, seconds = text.partition(":")
+    step, seconds = int(step), float(seconds)
+
+    def callback():
+        import glob
+
+        if glob.glob(os.path.join(directory, f"{step}.orbax-checkpoint-tmp*")):  # this save is step K's
+            log.warning("FOLDAX_TEST_SLOW_SAVE: holding the save of step %d for %g s before its commit", step, seconds)
+            time.sleep(seconds)
+
+    return callback
 
 
 # ------------------------------------------------------------------------- logging
@@ -360,23 +516,39 @@ def _say(message: str) -> None:
 
 
 class _Preemption:
-    """SIGTERM -> a flag the training loop checks after every step (then it saves and exits)."""
+    """SIGTERM or Ctrl-C -> a flag the training loop checks after every step (then it saves and exits).
+
+    A second Ctrl-C stops the process at once (exit status 130), without saving.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
         self.flag = False
-        self._previous = None
+        self.signal_name = None
+        self._previous = {}
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handler)
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handler)
         return self
 
     def _handler(self, signum, frame):
-        self.flag = True
+        if signum == signal.SIGINT and self.flag:  # a stop is already under way: the user insists
+            os.write(2, b"\nfoldax train: second Ctrl-C: stopped at once, without saving\n")
+            os._exit(130)
+        if not self.flag:
+            self.flag = True
+            self.signal_name = signal.Signals(signum).name
+            if signum == signal.SIGINT and jax.process_index() == 0:
+                os.write(2, b"\nfoldax train: Ctrl-C: saving a checkpoint after this step, then stopping "
+                            b"(Ctrl-C again stops at once, without saving)\n")
 
     def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+        self._previous = {}
 
     def requested(self) -> bool:
         if jax.process_count() == 1:
@@ -403,12 +575,14 @@ def _pipeline_config(config, *, batch_size: int, train: bool, seed: int) -> Pipe
     )
 
 
-def _pipelines(config, splits, names):
+def _pipelines(config, splits, names, *, training: bool = False):
+    """Input pipelines of the ``names`` splits: with ``training``, the ``train`` split's repeats forever
+    (shuffled); every other pipeline makes exactly one pass (evaluation, the ``train`` split included)."""
     train_batch = check_batch_size(int(config.batch_size), "batch_size")
     eval_batch = check_batch_size(int(config.get("eval_batch_size", config.batch_size)), "eval_batch_size")
     out = {}
     for name in names:
-        train = name == "train"
+        train = training and name == "train"
         cfg = _pipeline_config(config, batch_size=train_batch if train else eval_batch, train=train,
                                seed=int(config.seed))
         out[name] = InputPipeline(splits[name], cfg)
@@ -432,11 +606,71 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Trains (resuming from ``workdir`` if it has checkpoints), evaluates, writes ``summary.json``.
 
     Returns the summary dict (``status``: ``"finished"`` or ``"preempted"`` after
-    SIGTERM). Raises :class:`TrainingDiverged` on a NaN/inf loss.
+    SIGTERM / Ctrl-C). Raises :class:`TrainingDiverged` on a NaN/inf loss, and a
+    :class:`WorkdirError` when the workdir is locked by another trainer
+    (:class:`WorkdirLocked`), was made with a config that cannot change
+    (:class:`ConfigChanged`), or has no checkpoint that verifies, or a checkpoint
+    cannot be written (:class:`CheckpointError`).
     """
     t_start = time.time()
     workdir = os.path.abspath(workdir)
     os.makedirs(workdir, exist_ok=True)
+    with checkpointing.WorkdirLock(workdir, process_index=jax.process_index()), _orbax_errors_in_one_line():
+        return _train_and_evaluate(config, workdir, t_start)
+
+
+class _OrbaxErrorsInOneLine(logging.Filter):
+    """Orbax logs a failed background save (e.g. a full disk) from several threads, each with a traceback
+    and a TensorStore spec; :class:`CheckpointError` then says what happened and what to do. Each of
+    those records is shortened to one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and "orbax" in record.pathname:
+            message = record.getMessage()
+            record.msg, record.args = (message if len(message) <= 300 else message[:300] + " ..."), ()
+            record.exc_info = record.exc_text = record.stack_info = None
+        return True
+
+
+def _orphaned_orbax_task(record: logging.LogRecord) -> bool:
+    """False for asyncio's 'Task exception was never retrieved' about an Orbax write (a filter)."""
+    return not (record.getMessage().startswith("Task exception was never retrieved") and "orbax" in record.getMessage())
+
+
+def _event_loop_closed_hook(previous):
+    def unraisable(info):
+        if not (isinstance(info.exc_value, RuntimeError) and str(info.exc_value) == "Event loop is closed"):
+            previous(info)
+
+    return unraisable
+
+
+@contextlib.contextmanager
+def _orbax_errors_in_one_line():
+    """:class:`_OrbaxErrorsInOneLine`, and silence for the ``Event loop is closed`` errors TensorStore's
+    callbacks raise (unraisable, each printed with a traceback) when a failed save's event loop is gone.
+
+    After a :class:`CheckpointError` both stay, with a filter for asyncio's reports of Orbax's orphaned
+    write tasks, which come when those are garbage-collected (often at exit): the error said it all.
+    """
+    absl_logger, one_line = logging.getLogger("absl"), _OrbaxErrorsInOneLine()
+    previous_hook = sys.unraisablehook
+    absl_logger.addFilter(one_line)
+    sys.unraisablehook = _event_loop_closed_hook(previous_hook)
+    keep = False
+    try:
+        yield
+    except CheckpointError:
+        logging.getLogger("asyncio").addFilter(_orphaned_orbax_task)
+        keep = True
+        raise
+    finally:
+        if not keep:
+            absl_logger.removeFilter(one_line)
+            sys.unraisablehook = previous_hook
+
+
+def _train_and_evaluate(config, workdir: str, t_start: float) -> dict:
     setup_jax(config)
     mesh = make_mesh()
     is_main = jax.process_index() == 0
@@ -444,37 +678,49 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
          f"({jax.devices()[0].platform}), workdir {workdir}")
 
     _check_config(config)
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    changes = _check_resume_config(config, workdir, resuming=bool(checkpointing.step_dirs(ckpt_dir)))
     min_hairpin = int(config.model.get("min_hairpin", 3))
     splits = load_splits(config.data, min_hairpin=min_hairpin, seed=int(config.seed))
     _say("data: " + ", ".join(f"{k} {len(v)}" for k, v in splits.items()))
-    pipes = _pipelines(config, splits, ("train", "valid", "test"))
+    pipes = _pipelines(config, splits, ("train", "valid", "test"), training=True)
     num_steps = _num_steps(config, pipes["train"])
-    _save_config(config, workdir)
+    _set_aside_damaged(workdir)
 
     graphdef, host_state, schedule = create_state(config, num_steps)
     n_params = sum(int(np.size(x)) for x in jax.tree.leaves(nnx.to_pure_dict(host_state)[0]))
     manager = make_checkpoint_manager(workdir, config)
     train_iter = iter(pipes["train"])
     start_step = manager.latest_step() or 0
+    if is_main:
+        _save_config(config, workdir)
+        checkpointing.record_config_changes(workdir, changes, step=start_step)
+    if changes and start_step:
+        _say("config changes allowed on resume: " + ", ".join(f"{f} {a!r} -> {b!r}" for f, a, b in changes))
+    if not start_step and config.get("init", ""):
+        host_state = _init_from_run(config, host_state, str(config.init))
+    elif start_step and config.get("init", ""):
+        log.info("config.init is used only when a run starts; resuming from step %d instead", start_step)
 
-    with jax.set_mesh(mesh):
-        state = replicate(host_state, mesh)
-        if start_step:
-            state = _restore(manager, start_step, state, mesh, train_iter)
-            _say(f"resumed from the checkpoint at step {start_step}")
-        train_step = make_train_step(graphdef, config, schedule, mesh)
-        eval_step = make_eval_step(graphdef, config)
-        writer = MetricWriter(workdir, enabled=is_main)
-        try:
-            status = _train_loop(config, workdir, mesh, manager, state, train_step, eval_step, train_iter, pipes,
-                                 start_step, num_steps, writer, schedule)
-            state, status, train_info = status
+    writer = None
+    try:
+        with jax.set_mesh(mesh):
+            state = replicate(host_state, mesh)
+            if start_step:
+                state = _restore(manager, start_step, state, mesh, train_iter)
+                _say(f"resumed from the checkpoint at step {start_step}")
+            train_step = make_train_step(graphdef, config, schedule, mesh)
+            eval_step = make_eval_step(graphdef, config)
+            writer = MetricWriter(workdir, enabled=is_main)
+            saver = _Saver(manager, workdir, latest=start_step or None)
+            state, status, train_info = _train_loop(config, workdir, mesh, saver, state, train_step, eval_step,
+                                                    train_iter, pipes, start_step, num_steps, writer, schedule)
             summary = {"status": status, "steps": train_info["step"], "num_train_steps": num_steps,
                        "num_params": n_params, "devices": jax.device_count(), "processes": jax.process_count(),
                        "train_steps_per_s": train_info["steps_per_s"], "train_wall_s": train_info["train_wall_s"],
                        "resumed_from_step": start_step, **{f"data/{k}": len(v) for k, v in splits.items()}}
+            saver.finish()
             if status == "finished":
-                manager.wait_until_finished()
                 best = manager.best_step() if config.get("best_metric", "mea/f1") else None
                 eval_state = state
                 if best is not None and best != train_info["step"]:
@@ -493,16 +739,107 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                     teacher = _evaluate_teacher(config, pipes["test"], mesh)
                     summary.update({f"teacher/test/{k}": v for k, v in teacher.items()})
                     _say("teacher on test: " + _fmt(teacher))
-        finally:
-            manager.wait_until_finished()
-            manager.close()
+        manager.close()
+    except BaseException:
+        _close_manager(manager)  # waits for a save in flight; its own error must not hide this one
+        raise
+    finally:
+        if writer is not None:
             writer.close()
-            train_iter.close()
+        train_iter.close()
     summary["wall_time_s"] = time.time() - t_start
     if is_main:
         with open(os.path.join(workdir, "summary.json"), "w") as fh:
             json.dump(summary, fh, indent=2, sort_keys=True)
     return summary
+
+
+def _check_resume_config(config, workdir: str, *, resuming: bool) -> list:
+    """Changes from the workdir's ``config.json`` (all allowed when nothing is resumed; else see
+    :func:`checkpointing.check_resume_config`)."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        saved = json.load(fh)
+    if not resuming:
+        return checkpointing.config_changes(saved, config)
+    return checkpointing.check_resume_config(workdir, saved, config)
+
+
+def _set_aside_damaged(workdir: str) -> None:
+    """Verifies every checkpoint (process 0), moves damaged ones aside; all processes agree on the outcome."""
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    error = ""
+    if jax.process_index() == 0:
+        checks = checkpointing.scan(ckpt_dir)
+        damaged = [c for c in checks if not c.ok]
+        for check in damaged:
+            moved = checkpointing.set_aside(workdir, check)
+            log.warning("damaged checkpoint %s -- moved to %s", checkpointing.describe(check), moved)
+        if checks and len(damaged) == len(checks):
+            error = (f"no checkpoint in {ckpt_dir} restores completely; tried: "
+                     + "; ".join(checkpointing.describe(c) for c in damaged)
+                     + f". They were moved to {os.path.join(workdir, checkpointing.DAMAGED_DIR)} (kept, not "
+                       f"deleted). Run the same command again to start this run from step 0, or move a good copy "
+                       f"of a checkpoint back into {ckpt_dir}.")
+        elif checks and not checks[0].verified:
+            log.warning("the checkpoints in %s have no manifests (written by an older foldax): used unverified",
+                        ckpt_dir)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        failed = bool(multihost_utils.broadcast_one_to_all(np.array(bool(error))))
+        error = error or ("process 0 found no checkpoint that restores completely" if failed else "")
+    if error:
+        raise CheckpointError(error)
+
+
+def _init_from_run(config, host_state, source: str):
+    """``host_state`` with the model parameters of ``source``'s best checkpoint copied in (see ``config.init``)."""
+    if not os.path.exists(os.path.join(source, "config.json")):
+        raise FileNotFoundError(f"config.init = {source!r}: not a training workdir (no config.json there)")
+    restored = restore_for_inference(source, "best")
+    restored.manager.close()
+    old = _flat_params(jax.device_get(nnx.to_pure_dict(restored.state)[0]))
+    pure = nnx.to_pure_dict(host_state)
+    new = _flat_params(pure[0])
+    shared = sorted(set(old) & set(new))
+    clash = [f"{k} {np.shape(old[k])} there, {np.shape(new[k])} here" for k in shared
+             if np.shape(old[k]) != np.shape(new[k])]
+    if clash:
+        raise ConfigChanged(f"config.init = {source}: parameter arrays differ in shape: {'; '.join(clash)}")
+    if not shared:
+        raise ConfigChanged(f"config.init = {source}: its model ({sorted(old)}) shares no parameter array with "
+                            f"this one ({sorted(new)})")
+    values = {k: np.asarray(old[k], dtype=np.asarray(new[k]).dtype) for k in shared}
+    pure[0] = _unflat_params(pure[0], values)
+    nnx.replace_by_pure_dict(host_state, pure)
+    fresh = sorted(set(new) - set(old))
+    unused = sorted(set(old) - set(new))
+    _say(f"initialised {len(shared)} of {len(new)} parameter arrays from {source} (step {restored.step})"
+         + (f"; freshly initialised: {', '.join(fresh)}" if fresh else "")
+         + (f"; not used: {', '.join(unused)}" if unused else ""))
+    return host_state
+
+
+def _flat_params(tree, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_flat_params(value, name + "/"))
+        else:
+            out[name] = value
+    return out
+
+
+def _unflat_params(tree, values: Mapping, prefix: str = ""):
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        out[key] = _unflat_params(value, values, name + "/") if isinstance(value, Mapping) else values.get(name, value)
+    return out
 
 
 def _evaluate_teacher(config, pipeline, mesh) -> dict:
@@ -537,7 +874,7 @@ def _fmt(metrics: Mapping) -> str:
     return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
 
 
-def _train_loop(config, workdir, mesh, manager, state, train_step, eval_step, train_iter, pipes, start_step,
+def _train_loop(config, workdir, mesh, saver, state, train_step, eval_step, train_iter, pipes, start_step,
                 num_steps, writer, schedule):
     from tqdm import tqdm
 
@@ -552,21 +889,26 @@ def _train_loop(config, workdir, mesh, manager, state, train_step, eval_step, tr
     valid_history = {}
     t_other = 0.0  # time spent in validation and checkpointing (not in steps/s)
     status = "finished"
+    nan_step = _nan_injection_step()
     with _Preemption() as preemption:
         while step < num_steps:
-            batch = to_global_batch(next(train_iter), mesh)
-            state, metrics = train_step(state, batch)
+            batch = next(train_iter)
+            if step + 1 == nan_step:
+                batch = {**batch, "weights": np.full_like(batch["weights"], np.nan)}
+            state, metrics = train_step(state, to_global_batch(batch, mesh))
             metrics = jax.device_get(metrics)
             step += 1
             steps_done += 1
             if not (np.isfinite(metrics["loss"]) and np.isfinite(metrics["grad_norm"])):
-                manager.wait_until_finished()
+                saver.finish()
                 bar.close()
-                latest = manager.latest_step()
+                latest = saver.latest_sealed
                 cause = (f"; {int(metrics['n_invalid'])} reference structure(s) in the batch have probability 0 "
                          f"under the model (not nested or a hairpin shorter than min_hairpin) -- clean the data "
                          f"(config.data.short_hairpins)") if metrics["n_invalid"] else \
                     "; try a lower optimizer.learning_rate or gradient clipping (optimizer.grad_clip)"
+                if step == nan_step:
+                    cause = " (injected by FOLDAX_TEST_NAN_AT_STEP)"
                 raise TrainingDiverged(
                     f"training stopped: non-finite loss {metrics['loss']} / gradient norm {metrics['grad_norm']} at "
                     f"step {step}{cause}. The update was not applied; the last good checkpoint "
@@ -593,16 +935,19 @@ def _train_loop(config, workdir, mesh, manager, state, train_step, eval_step, tr
                 writer.write(step, {f"valid/{k}": v for k, v in valid.items()})
                 _say(f"step {step} valid: " + _fmt(valid))
             if valid is not None or step % ckpt_every == 0 or step == num_steps:
-                _save(manager, step, state, train_iter, metrics=valid, force=True)
+                saver.save(step, state, train_iter, metrics=valid)
+            saver.poll()
             t_other += time.time() - t_pause
             if valid is not None:
                 t_window += time.time() - t_pause  # keep validation out of the logged steps/s
             if preemption.requested():
-                if manager.latest_step() != step:
-                    _save(manager, step, state, train_iter, force=True)
-                manager.wait_until_finished()
+                if saver.latest_sealed != step and step not in saver.pending:
+                    saver.save(step, state, train_iter)
+                saver.finish()
                 status = "preempted"
-                _say(f"SIGTERM: saved the checkpoint at step {step} and stopped")
+                what = "Ctrl-C (SIGINT)" if preemption.signal_name == "SIGINT" else (preemption.signal_name or "signal")
+                _say(f"{what}: saved the checkpoint at step {step} and stopped; run the same command again "
+                     f"to resume")
                 break
     bar.close()
     wall = time.time() - t_loop
@@ -613,23 +958,98 @@ def _train_loop(config, workdir, mesh, manager, state, train_step, eval_step, tr
 # --------------------------------------------------------------- eval & export
 
 
-def _restore_for_inference(workdir: str, which: str = "best", config=None):
-    config = config or load_config(workdir)
+class Restored(NamedTuple):
+    """What :func:`restore_for_inference` returns; unpacks as ``config, mesh, manager, graphdef, state, step``."""
+
+    config: ml_collections.ConfigDict  # the config to evaluate with (``config`` if given, else the run's)
+    mesh: jax.sharding.Mesh
+    manager: object  # a read-only orbax CheckpointManager: close() it when done
+    graphdef: object
+    state: object  # the (model, optimizer) state, replicated over ``mesh``
+    step: int
+
+
+def restore_for_inference(workdir: str, which: str = "best", config=None) -> Restored:
+    """The ``which`` (``"best"`` or ``"latest"``) checkpoint of a training workdir, among those that verify.
+
+    ``config`` (default: the run's ``config.json``) chooses what to evaluate
+    (data, decoders, ...); the model is always the run's own, so a ``model.*``
+    field that differs (other than :data:`checkpointing.SAFE_FIELDS`) raises
+    :class:`ConfigChanged`. A damaged checkpoint is reported in one line and
+    skipped -- not moved: that is left to ``foldax train``, which holds the
+    workdir's lock -- and ``best`` falls back to the best one that verifies.
+    Raises ``FileNotFoundError`` without checkpoints, :class:`CheckpointError`
+    when none verifies.
+
+    ``foldax eval`` / ``export-params`` and :mod:`train.compare` use it::
+
+        config, mesh, manager, graphdef, state, step = restore_for_inference("runs/default")
+        manager.close()
+    """
+    if which not in ("best", "latest"):
+        raise ValueError(f"which must be 'best' or 'latest', got {which!r}")
+    workdir = os.path.abspath(workdir)
+    saved = load_config(workdir)
+    if config is None:
+        config = saved
+    else:
+        changed = [(f, a, b) for f, a, b in checkpointing.config_changes(saved, config)
+                   if f.startswith("model.") and f not in checkpointing.SAFE_FIELDS]
+        if changed:
+            raise ConfigChanged(f"{workdir} holds a model made with other settings, which a checkpoint cannot "
+                                f"change: " + ", ".join(f"{f} {a!r} -> {b!r}" for f, a, b in changed)
+                                + "; drop those --config.model.* overrides (its own model is always used)")
     setup_jax(config)
     mesh = make_mesh()
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    checks = checkpointing.scan(ckpt_dir)
+    if not checks:
+        raise FileNotFoundError(f"no checkpoint in {ckpt_dir}")
+    damaged = [c for c in checks if not c.ok]
+    good = [c.step for c in checks if c.ok]
+    trainer_pid = checkpointing.running_trainer(workdir)
+    for check in list(damaged):
+        if trainer_pid and check.unconfirmed and check is checks[0]:  # the trainer is sealing it right now
+            log.info("step %d is still being written by the running trainer (pid %d): skipped", check.step,
+                     trainer_pid)
+            damaged.remove(check)
+        else:
+            log.warning("damaged checkpoint %s -- skipped", checkpointing.describe(check))
+    if not good:
+        raise CheckpointError(f"no checkpoint in {ckpt_dir} restores completely; tried: "
+                              + "; ".join(checkpointing.describe(c) for c in damaged))
     manager = make_checkpoint_manager(workdir, config, read_only=True)
-    step = manager.best_step() if which == "best" else manager.latest_step()
-    if step is None:
-        raise FileNotFoundError(f"no checkpoint in {os.path.join(workdir, 'checkpoints')}")
-    graphdef, host_state, _ = create_state(config, 1)
-    with jax.set_mesh(mesh):
-        state = _restore(manager, step, replicate(host_state, mesh), mesh)
-    return config, mesh, manager, graphdef, state, step
+    try:
+        step = _pick_step(manager, good, which, config, any_damaged=bool(damaged))
+        if damaged:
+            log.warning("using the %s checkpoint that verifies: step %d", which, step)
+        graphdef, host_state, _ = create_state(saved, 1)
+        with jax.set_mesh(mesh):
+            state = _restore(manager, step, replicate(host_state, mesh), mesh)
+    except BaseException:
+        _close_manager(manager)
+        raise
+    return Restored(config, mesh, manager, graphdef, state, step)
+
+
+_restore_for_inference = restore_for_inference  # its name before it became public (used by other modules)
+
+
+def _pick_step(manager, good: list[int], which: str, config, *, any_damaged: bool) -> int:
+    """Latest, or best by ``config.best_metric`` (the latest when no checkpoint has it), of the ``good`` steps."""
+    if which == "latest":
+        return max(good)
+    if not any_damaged:  # Orbax's own choice, as at the end of training
+        best = manager.best_step()
+        return best if best is not None else max(good)
+    metric = config.get("best_metric", "mea/f1")
+    scored = [(float(m[metric]), s) for s in good if metric and metric in (m := manager.metrics(s) or {})]
+    return max(scored)[1] if scored else max(good)
 
 
 def evaluate_checkpoint(workdir: str, *, split: str = "test", which: str = "best", config=None) -> dict:
     """Metrics of the ``which`` (``best``/``latest``) checkpoint of ``workdir`` on ``split``."""
-    config, mesh, manager, graphdef, state, step = _restore_for_inference(workdir, which, config)
+    config, mesh, manager, graphdef, state, step = restore_for_inference(workdir, which, config)
     splits = load_splits(config.data, min_hairpin=int(config.model.get("min_hairpin", 3)), seed=int(config.seed),
                          splits=(split,))
     pipe = _pipelines(config, splits, (split,))[split]
@@ -641,7 +1061,7 @@ def evaluate_checkpoint(workdir: str, *, split: str = "test", which: str = "best
 
 def export_params(workdir: str, out: str, *, which: str = "best") -> str:
     """Writes the ``which`` checkpoint's score tensors (float32 ``stack pair unpaired loop``) to ``out`` (.npz)."""
-    config, mesh, manager, graphdef, state, step = _restore_for_inference(workdir, which)
+    config, mesh, manager, graphdef, state, step = restore_for_inference(workdir, which)
     inside = nnx.to_pure_dict(state)[0]["inside"]
     arrays = {k: np.asarray(jax.device_get(inside[k]), dtype=np.float32) for k in PARAM_NAMES}
     manager.close()
