@@ -457,7 +457,7 @@ def _restore_workdir(workdir: str, which: str, exported: str) -> FoldModel:
     except ImportError as err:
         raise ValueError(f"--params {workdir}: a training workdir, but the training package is not available "
                          f"to restore it ({err})") from None
-    restore = getattr(trainer, "restore_for_inference", None) or trainer._restore_for_inference
+    restore = trainer.restore_for_inference
     try:
         with quiet_orbax():
             config, _mesh, manager, graphdef, state, step = restore(workdir, which)

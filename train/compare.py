@@ -72,7 +72,7 @@ def compare(workdir: str, *, split: str = "test", which: str = "best", config=No
     from train import train as trainer
     from train.datasets import load_splits
 
-    config, mesh, manager, graphdef, state, step = trainer._restore_for_inference(workdir, which, config)
+    config, mesh, manager, graphdef, state, step = trainer.restore_for_inference(workdir, which, config)
     manager.close()
     splits = load_splits(config.data, min_hairpin=int(config.model.get("min_hairpin", 3)), seed=int(config.seed),
                          splits=(split,))

@@ -96,7 +96,7 @@ from model.loss import cll_loss
 from model.models import create_model
 from train import checkpointing
 from train.checkpointing import CheckpointError, ConfigChanged, WorkdirError, WorkdirLocked
-from train.datasets import load_splits
+from train.datasets import describe_splits, load_splits
 from train.input_pipeline import InputPipeline, PipelineConfig
 
 __all__ = [
@@ -682,7 +682,7 @@ def _train_and_evaluate(config, workdir: str, t_start: float) -> dict:
     changes = _check_resume_config(config, workdir, resuming=bool(checkpointing.step_dirs(ckpt_dir)))
     min_hairpin = int(config.model.get("min_hairpin", 3))
     splits = load_splits(config.data, min_hairpin=min_hairpin, seed=int(config.seed))
-    _say("data: " + ", ".join(f"{k} {len(v)}" for k, v in splits.items()))
+    _say("data: " + describe_splits(splits))
     pipes = _pipelines(config, splits, ("train", "valid", "test"), training=True)
     num_steps = _num_steps(config, pipes["train"])
     _set_aside_damaged(workdir)
