@@ -3,9 +3,11 @@
 from layers.alphabet import ALPHABET, DEFAULT_BUCKETS, PAD_TOKEN, bucket_length, decode, encode, encode_batch
 from layers.decoding import best_structure, mea_structure, pair_probs, sample_structures
 from layers.dotbracket import from_dot_bracket, to_dot_bracket
-from layers.inside import check_params, log_partition, max_score
+from layers.energy_params import KT, load_parameter_file, save_parameter_file, turner2004
+from layers.free_energy import ensemble_free_energy, free_energy
+from layers.inside import check_params, is_energy_params, log_partition, max_score
 from layers.params import default_params, init_params
-from layers.semiring import LOG, MAX, LogSemiring, MaxSemiring
+from layers.semiring import LOG, MAX, LogSemiring, MaxSemiring, SampleSemiring
 from layers.structure import log_prob, structure_score
 
 __all__ = [
@@ -17,6 +19,7 @@ __all__ = [
     "encode",
     "encode_batch",
     "check_params",
+    "is_energy_params",
     "log_partition",
     "max_score",
     "default_params",
@@ -25,6 +28,13 @@ __all__ = [
     "MAX",
     "LogSemiring",
     "MaxSemiring",
+    "SampleSemiring",
+    "KT",
+    "turner2004",
+    "load_parameter_file",
+    "save_parameter_file",
+    "free_energy",
+    "ensemble_free_energy",
     "from_dot_bracket",
     "to_dot_bracket",
     "structure_score",

@@ -34,7 +34,15 @@ import numpy as np
 from layers.alphabet import NUM_TOKENS
 from layers.chart import DEFAULT_NUM_CHUNKS
 from layers.dotbracket import StructureError, validate_pair_table
-from layers.inside import _batched_value, _check_inputs, _is_concrete, _result_dtype, batch_sharded, check_params
+from layers.inside import (
+    _batched_value,
+    _check_inputs,
+    _is_concrete,
+    _result_dtype,
+    batch_sharded,
+    check_params,
+    is_energy_params,
+)
 
 
 def _check_pair_table(pair_table, tokens_shape, lengths, min_hairpin, batched):
@@ -119,11 +127,23 @@ def _prepare(params, tokens, pair_table, lengths, phi, min_hairpin):
     params = check_params(params)
     tokens, lengths, phi, batched = _check_inputs(tokens, lengths, phi, min_hairpin)
     pair_table = _check_pair_table(pair_table, tokens.shape, lengths, int(min_hairpin), batched)
+    if is_energy_params(params):
+        from layers.free_energy import check_turner_tables
+
+        check_turner_tables(params, tokens, pair_table, lengths, int(min_hairpin))
     return params, tokens, pair_table, lengths, phi, batched
 
 
+@functools.partial(jax.jit, static_argnames=("min_hairpin",))
+def _batched_turner_score(params, tokens, pair_table, lengths, phi, *, min_hairpin):
+    from layers.free_energy import turner_structure_score
+
+    return turner_structure_score(params, tokens, pair_table, lengths, phi, min_hairpin)
+
+
 def _score(params, tokens, pair_table, lengths, phi, min_hairpin):
-    run = functools.partial(_batched_score, min_hairpin=int(min_hairpin))
+    scorer = _batched_turner_score if is_energy_params(params) else _batched_score
+    run = functools.partial(scorer, min_hairpin=int(min_hairpin))
     return batch_sharded(run, tokens, num_outputs=2)(params, tokens, pair_table, lengths, phi)
 
 
