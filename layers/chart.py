@@ -180,6 +180,12 @@ def _arrays(inputs, charts):
     return {**inputs["arrays"], **charts}
 
 
+def _writes(grammar, d, length, width):
+    """The grammar's row writes of diagonal d as name -> (row, col, size); size defaults to
+    the chunk's width (a grammar may write packed rows of another, static size)."""
+    return {name: (w[0], w[1], w[2] if len(w) > 2 else width) for name, w in grammar.writes(d, length).items()}
+
+
 def _fill_chunks(problem: Problem, sr, inputs, charts, chunks, exact):
     grammar, length = problem.grammar, problem.length
     consts = inputs["consts"]
@@ -192,7 +198,7 @@ def _fill_chunks(problem: Problem, sr, inputs, charts, chunks, exact):
         out, ok = grammar.step(sr.for_diagonal(d), d, views, consts, known={}, exact=exact, length=length)
         out = lax.optimization_barrier(out)
         charts = dict(charts)
-        for name, (row, col) in grammar.writes(d, length).items():
+        for name, (row, col, _) in _writes(grammar, d, length, width).items():
             charts[name] = _put_row(charts[name], out[name], row, col)
         if ok is not None:
             # Flagged per sequence: a flag shared by the batch would cost a cross-device
@@ -246,9 +252,9 @@ def outside(problem: Problem, sr, inputs, charts, seeds):
         grads, g_consts = state
         specs = grammar.views(d, rows, width, length)
         views = {k: _read(arrays[v.array], v) for k, v in specs.items()}
-        writes = grammar.writes(d, length)
-        known = {name: _read_row(arrays[name], row, col, width) for name, (row, col) in writes.items()}
-        g_out = {name: _read_row(grads[name], row, col, width) for name, (row, col) in writes.items()}
+        writes = _writes(grammar, d, length, width)
+        known = {name: _read_row(arrays[name], row, col, size) for name, (row, col, size) in writes.items()}
+        g_out = {name: _read_row(grads[name], row, col, size) for name, (row, col, size) in writes.items()}
         sr_d = sr.for_diagonal(d)
 
         def recursion(views, consts):
@@ -424,16 +430,25 @@ def charts(problem: Problem, semiring: str, inputs):
     return fill(problem, {"log": LOG, "max": MAX}[semiring], inputs)
 
 
-def sample_pairs(problem: Problem, key, inputs, lengths, num_samples: int, group: int):
+#: Samples per outside pass in :func:`sample_pairs` are grouped so that the tiled inputs,
+#: charts and adjoints hold about this many elements (memory, not speed, sets the group).
+SAMPLE_GROUP_ELEMENTS = 1 << 26
+
+
+def sample_pairs(problem: Problem, key, inputs, lengths, num_samples: int, group: int | None = None):
     """``num_samples`` exact samples per sequence as 0/1 pair indicators [S, B, L(width), L(start)].
 
-    One inside pass (log semiring); then per group of ``group`` samples, an outside pass
-    over the charts tiled ``group`` times with a :class:`SampleSemiring`: the adjoint
-    (0 or 1) of the grammar's pair-score array marks the sampled structure's pairs.
+    One inside pass (log semiring); then per group of ``group`` samples (default: as many
+    as fit in :data:`SAMPLE_GROUP_ELEMENTS`), an outside pass over the charts tiled
+    ``group`` times with a :class:`SampleSemiring`: the adjoint (0 or 1) of the grammar's
+    pair scores marks the sampled structure's pairs.
     """
     grammar, length = problem.grammar, problem.length
     charts = fill(problem, LOG, inputs)
     batch = lengths.shape[0]
+    if group is None:
+        per_sample = 2 * sum(int(np.prod(a.shape)) for a in jax.tree.leaves((inputs, charts)))  # + adjoints
+        group = int(max(1, min(num_samples, SAMPLE_GROUP_ELEMENTS // max(1, per_sample))))
 
     def tile(a):
         return jnp.broadcast_to(a[None], (group,) + a.shape).reshape((group * a.shape[0],) + a.shape[1:])
@@ -448,7 +463,7 @@ def sample_pairs(problem: Problem, key, inputs, lengths, num_samples: int, group
         value, pullback = jax.vjp(output, inputs_g, charts_g)
         g_direct, seeds = pullback(jnp.ones_like(value))
         g_inputs, _ = outside(problem, sr, inputs_g, charts_g, seeds)
-        marks = g_inputs["arrays"][grammar.pair_array] + g_direct["arrays"][grammar.pair_array]
+        marks = grammar.pair_marks(g_inputs["arrays"]) + grammar.pair_marks(g_direct["arrays"])
         return marks.reshape((group, batch) + marks.shape[1:]) > 0.5
 
     num_groups = -(-num_samples // group)

@@ -168,11 +168,6 @@ def mea_structure(pair_probs, lengths=None, *, gamma=1.0, min_hairpin=3, num_chu
 # sampling
 # --------------------------------------------------------------------------- #
 
-#: Samples per outside pass in :func:`sample_structures` are grouped so that the tiled
-#: charts hold at most about this many cells (memory, not speed, sets the group).
-SAMPLE_GROUP_CELLS = 1 << 24
-
-
 def pair_table_from_marks(marks, lengths):
     """0/1 pair marks in the engine's width layout ``[..., L(d), L(i)]`` (pair (i, i+d))
     -> pair tables ``[..., L]`` (partner or -1, -1 on padding)."""
@@ -191,10 +186,10 @@ def pair_table_from_marks(marks, lengths):
     return jnp.where(jnp.arange(length) < lengths[..., None], table, -1)
 
 
-@functools.partial(jax.jit, static_argnames=("num_samples", "min_hairpin", "num_chunks", "group"))
-def _sample(key, params, tokens, lengths, phi, *, num_samples, min_hairpin, num_chunks, group):
+@functools.partial(jax.jit, static_argnames=("num_samples", "min_hairpin", "num_chunks"))
+def _sample(key, params, tokens, lengths, phi, *, num_samples, min_hairpin, num_chunks):
     problem, inputs = engine_inputs(params, tokens, lengths, phi, min_hairpin=min_hairpin, num_chunks=num_chunks)
-    marks = chart.sample_pairs(problem, key, inputs, lengths, num_samples, group)  # [S, B, L, L]
+    marks = chart.sample_pairs(problem, key, inputs, lengths, num_samples)  # [S, B, L, L]
     tables = pair_table_from_marks(marks, jnp.broadcast_to(lengths, marks.shape[:2]))
     return jnp.swapaxes(tables, 0, 1)
 
@@ -229,8 +224,7 @@ def sample_structures(key, params, tokens, num_samples, lengths=None, *, phi=Non
     batch, length = tokens.shape
     if length == 0 or num_samples == 0:
         return jnp.zeros((batch, num_samples, length) if batched else (num_samples, length), jnp.int32)
-    group = int(max(1, min(num_samples, SAMPLE_GROUP_CELLS // max(1, batch * length * length))))
     run = functools.partial(_sample, num_samples=int(num_samples), min_hairpin=int(min_hairpin),
-                            num_chunks=num_chunks, group=group)
+                            num_chunks=num_chunks)
     out = batch_sharded(run, tokens)(key, params, tokens, lengths, phi)
     return out if batched else out[0]

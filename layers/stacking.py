@@ -113,7 +113,6 @@ class StackingGrammar:
     """The stacking grammar's recursion for the chart engine (``min_hairpin`` static)."""
 
     min_hairpin: int = 3
-    pair_array = "pair"  # the score array added once per pair: its adjoint marks the pairs
     first_diagonal = 1  # diagonal 0 (single bases) is filled by init_charts
     one_pass = True  # Zn has a lower bound from the previous diagonal
     cell_cost = 0
@@ -152,6 +151,11 @@ class StackingGrammar:
 
     def writes(self, d, length):
         return {"F": (d, 0), "Zn": (d + 1, 0), "Zr": (length - d, d)}
+
+    def pair_marks(self, arrays):
+        """[B, L(d), L(i)] from adjoints of the inputs: the pair score is added once per pair,
+        so its adjoint marks the pairs (0/1 in the sampling semiring)."""
+        return arrays["pair"]
 
     def step(self, sr, d, views, consts, *, known, exact, length):
         width = views["pair"].shape[-1]

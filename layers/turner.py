@@ -56,6 +56,8 @@ ROW_PAD = WINDOW + 1
 #: Per-cell score arrays that the recursion reads on the cell's own diagonal.
 CELL_ARRAYS = ("pair", "hairpin", "stack", "bulge1_5", "bulge1_3", "int11", "int12", "int21", "int22",
                "outer_generic", "outer_1n", "outer_23", "outer_bulge", "ml_close", "ml_stem")
+#: The multiloop charts packed into one (see TurnerGrammar.init_charts).
+ML_SEGMENTS = ("QI", "QM1", "QM1x", "QMM")
 #: Inner-pair arrays read through the start-indexed window (one per loop class) ...
 START_INNER = ("inner_generic", "inner_23", "inner_1n", "inner_bulge")
 #: ... and through the end-indexed window (the classes whose l2 is fixed).
@@ -98,42 +100,49 @@ BLOCKS = {
 }
 
 
-def _length_tables(params, *, pf: bool, batch: int, dtype):
-    """Log-weights of the length-dependent part of each loop class, as [B, rows, 31] tables
-    indexed by the fixed loop side (row) and the window row (30 - (l1 + l2) in the start
-    window, l1 + l2 in the end window)."""
-    interior = params["interior"].astype(dtype)
-    bulge = params["bulge"].astype(dtype)
-    ninio, max_ninio = params["ninio"].astype(dtype), params["max_ninio"].astype(dtype)
-
-    def asym(n):
-        return jnp.minimum(max_ninio, n * ninio)
-
-    def energy(cls, l1, l2):
-        u, small, large = l1 + l2, min(l1, l2), max(l1, l2)
-        if cls == "generic":
-            return interior[u] + asym(large - small)
-        if cls == "23":
-            return interior[5] + (asym(1) if pf else ninio)  # eval does not cap it (ViennaRNA)
-        if cls == "1n":
-            return interior[large + 1] + asym(large - 1)
-        return bulge[large]  # bulges of >= 2 nt (terminal AU: the outer/inner arrays)
-
-    tables = {}
+@functools.lru_cache(maxsize=None)
+def _length_table_layout():
+    """Static index arrays of the length tables: per block, [rows, 31] arrays of
+    (class code, l1, l2) with class -1 where the window row holds no loop of the block."""
+    codes = {"generic": 0, "23": 1, "1n": 2, "bulge": 3}
+    layout = {}
     for name, (side, fixed) in BLOCKS.items():
         cls = name.split("_")[0]
         members = set(LOOP_CLASSES[cls])
-        rows = []
-        for f in fixed:
-            row = [jnp.array(-jnp.inf, dtype)] * WINDOW
+        code = np.full((len(fixed), WINDOW), -1)
+        l1s, l2s = np.zeros_like(code), np.zeros_like(code)
+        for r, f in enumerate(fixed):
             for rho in range(WINDOW):
                 # Window rows run by width: the start window upwards, the end window downwards.
                 u = MAX_LOOP - rho if side == "start" else rho
                 l1, l2 = (f, u - f) if side == "start" else (u - f, f)
                 if l1 >= 0 and l2 >= 0 and (l1, l2) in members:
-                    row[rho] = -energy(cls, l1, l2) / KT
-            rows.append(jnp.stack(row))
-        tables[name] = jnp.broadcast_to(jnp.stack(rows), (batch, len(fixed), WINDOW))
+                    code[r, rho], l1s[r, rho], l2s[r, rho] = codes[cls], l1, l2
+        layout[name] = (code, l1s, l2s)
+    return layout
+
+
+def _length_tables(params, *, pf: bool, batch: int, dtype):
+    """Log-weights of the length-dependent part of each loop class, as [B, rows, 31] tables
+    indexed by the fixed loop side (row) and the window row (30 - (l1 + l2) in the start
+    window, l1 + l2 in the end window); -inf where a block has no loop."""
+    interior = params["interior"].astype(dtype)
+    bulge = params["bulge"].astype(dtype)
+    ninio, max_ninio = params["ninio"].astype(dtype), params["max_ninio"].astype(dtype)
+    tables = {}
+    for name, (code, l1, l2) in _length_table_layout().items():
+        small, large = np.minimum(l1, l2), np.maximum(l1, l2)
+        asym = jnp.minimum(max_ninio, (large - small) * ninio)
+        by_class = [
+            interior[l1 + l2] + asym,  # generic
+            interior[5] + (jnp.minimum(max_ninio, ninio) if pf else ninio),  # 2x3: eval does not cap it
+            interior[np.minimum(large + 1, MAX_LOOP)] + jnp.minimum(max_ninio, (large - 1) * ninio),  # 1xn
+            bulge[large],  # bulges of >= 2 nt (their terminal AU: the outer/inner arrays)
+        ]
+        energy = jnp.select([code == c for c in range(4)], [jnp.broadcast_to(e, code.shape) for e in by_class],
+                            jnp.inf)
+        table = jnp.where(code >= 0, -energy / KT, -jnp.inf)
+        tables[name] = jnp.broadcast_to(table.astype(dtype), (batch,) + code.shape)
     return tables
 
 
@@ -160,21 +169,21 @@ def _with_special_hairpins(params, x, energy, dtype):
     """Replaces the hairpin energy [B, L(d), L(i)] by the special loop's total energy where
     x[i..i+d] is a tri-, tetra- or hexaloop of the table (rows d = 4, 5, 7 only)."""
     batch, length = x.shape
-    padded = jnp.concatenate([x, jnp.full((batch, 8), N_TOKEN, x.dtype)], axis=1)
+    padded = jnp.concatenate([x, jnp.full((batch, 8), N_TOKEN, x.dtype)], axis=1).astype(jnp.int32)
     by_size = {}
     for seq, value in sorted(params["special_hairpins"].items()):
         by_size.setdefault(len(seq), []).append((seq, value))
     for size, entries in sorted(by_size.items()):
         if size - 1 >= length:
             continue
+        # Base-5 code of x[i .. i+size-1] (N = 4 never matches a key over ACGU).
+        code = sum(padded[:, t : t + length] * 5**t for t in range(size))
+        keys = np.array([sum("ACGU".index(c) * 5**t for t, c in enumerate(seq)) for seq, _ in entries])
+        values = jnp.stack([jnp.asarray(v, dtype) for _, v in entries])
+        match = code[:, :, None] == keys  # [B, L, K]: at most one key per position
+        special = jnp.sum(jnp.where(match, values, jnp.zeros((), dtype)), axis=-1)
         row = energy[:, size - 1]
-        special = row
-        for seq, value in entries:
-            match = jnp.ones((batch, length), bool)
-            for t, c in enumerate(seq):
-                match &= padded[:, t : t + length] == "ACGU".index(c)
-            special = jnp.where(match, jnp.asarray(value, dtype), special)
-        energy = energy.at[:, size - 1].set(special)
+        energy = energy.at[:, size - 1].set(jnp.where(jnp.any(match, axis=-1), special, row))
     return energy
 
 
@@ -278,15 +287,18 @@ def cell_scores(params, tokens, lengths, phi=None, *, min_hairpin=3, pf=True, en
                   jnp.where(has3, lookup(_table(params, "dangle3", dtype), (t_safe, at_j(1))),
                             jnp.zeros((), dtype))))
 
-    arrays = {"pair": pair, "hairpin": hairpin, "stack": stack, "bulge1_5": bulge1_5, "bulge1_3": bulge1_3,
-              "int11": int11, "int12": int12, "int21": int21, "int22": int22, **outer,
-              "ml_close": ml_close, "ml_stem": ml_stem,
-              "ext": w(ext_energy)}
+    per_cell = {"pair": pair, "hairpin": hairpin, "stack": stack, "bulge1_5": bulge1_5, "bulge1_3": bulge1_3,
+                "int11": int11, "int12": int12, "int21": int21, "int22": int22, **outer,
+                "ml_close": ml_close, "ml_stem": ml_stem}
+    # Packed along the columns, so that a diagonal reads all its cells' scores with one slice.
+    arrays = {"cells": jnp.concatenate([per_cell[k] for k in CELL_ARRAYS], axis=2), "ext": w(ext_energy)}
     # Inner-pair arrays in the QB charts' coordinates (see TurnerGrammar.init_charts).
+    # The log semiring sums loop lengths as matrix products in linear space (see _loop_sums).
+    space = jnp.exp if pf else (lambda v: v)
     for name in ("generic", "23", "1n", "bulge"):
-        arrays[f"inner_{name}"] = _to_start_layout(inner[name], length)
+        arrays[f"inner_{name}"] = _to_start_layout(space(inner[name]), length)
     for name in ("1n", "bulge"):
-        arrays[f"inner_{name}_r"] = _to_end_layout(inner[name], length, end_pad)
+        arrays[f"inner_{name}_r"] = _to_end_layout(space(inner[name]), length, end_pad)
     consts = {"ml_base": jnp.broadcast_to(w(params["ml_base"].astype(dtype)), (batch,)),
               **{f"len_{k}": v for k, v in _length_tables(params, pf=pf, batch=batch, dtype=dtype).items()}}
     return {"arrays": arrays, "consts": consts}
@@ -331,6 +343,60 @@ def _shifted_rows(values, first_shift, width):
     return shifted[:, :, first_shift : first_shift + width]
 
 
+@jax.custom_jvp
+def _log_or_neg_inf(s):
+    """log(s) for s >= 0 (log 0 = -inf) whose derivative is 0, not NaN, at s = 0."""
+    return jnp.log(s)
+
+
+@_log_or_neg_inf.defjvp
+def _log_or_neg_inf_jvp(primals, tangents):
+    (s,), (s_dot,) = primals, tangents
+    positive = s > 0
+    return jnp.log(s), jnp.where(positive, s_dot / jnp.where(positive, s, 1), 0)
+
+
+def _linear_window(qb):
+    """The window in linear space, each column shifted by its maximum: ``(exp(qb - top), top)``.
+    Shared by every loop class that reads this window."""
+    top = jax.lax.stop_gradient(_finite_or_zero(jnp.max(qb, axis=1, keepdims=True)))
+    return jnp.exp(qb - top), top
+
+
+def _loop_sums(sr, lengths_table, qb, inner, linear=None):
+    """``V[r, c] = (+)_rho len[r, rho] + qb[rho, c] + inner[rho, c]`` -> [B, R, K].
+
+    ``inner`` is in linear space (``exp`` of the log-weights: the inputs of the log
+    semiring, also used by the sampling semiring) or in log space (the max semiring's). In
+    the log semiring the sum over the window rows is a matrix product in linear space (one
+    BLAS call; ``linear`` is the shared :func:`_linear_window` of ``qb``): both factors are
+    shifted by their maxima (rows of the length table, columns of the window), so nothing
+    overflows, and a term underflows only if it is ~87 (float32) or ~700 (float64) nats
+    below the largest one of its length-table row: loop-length tables that spread over less
+    than ~50 kcal/mol (float32) are summed exactly. Other semirings sum the [R, rho, K]
+    terms explicitly.
+    """
+    if sr.name == "log":
+        window, b_top = linear if linear is not None else _linear_window(qb)
+        a_top = jax.lax.stop_gradient(_finite_or_zero(jnp.max(lengths_table, axis=2, keepdims=True)))
+        total = jnp.einsum("brw,bwk->brk", jnp.exp(lengths_table - a_top), window * inner,
+                           precision=jax.lax.Precision.HIGHEST)
+        return _log_or_neg_inf(total) + a_top + b_top
+    if sr.name == "sample":
+        inner = jnp.log(inner)
+    return sr.matmul(lengths_table, qb + inner)
+
+
+def _unpack_ml(row, length, width):
+    """A packed ML row [B, 4 (L + 1)] -> the known totals of its charts on this diagonal."""
+    segments = row.reshape(row.shape[0], len(ML_SEGMENTS), length + 1)[:, :, :width]
+    return {name: segments[:, k] for k, name in enumerate(ML_SEGMENTS)}
+
+
+def _finite_or_zero(x):
+    return jnp.where(jnp.isfinite(x), x, jnp.zeros_like(x))
+
+
 @dataclasses.dataclass(frozen=True)
 class TurnerGrammar:
     """The Turner 2004 recursion for the chart engine (see the module docstring)."""
@@ -353,7 +419,7 @@ class TurnerGrammar:
         return max(d1 - 2 * self.min_hairpin - 3, 1), length - d0
 
     def init_charts(self, inputs, length, widest):
-        ref = inputs["arrays"]["pair"]
+        ref = inputs["arrays"]["ext"]
         batch, dtype = ref.shape[0], ref.dtype
 
         def blank(rows, cols):
@@ -362,17 +428,16 @@ class TurnerGrammar:
         return {
             "QBs": blank(length + ROW_PAD, length + WINDOW),  # QB[i][i+w] at [w + ROW_PAD, i]
             "QBr": blank(length + ROW_PAD + 1, length + WINDOW + widest),  # QB[j-w][j] at [L - w, j + WINDOW]
-            "QI": blank(length, length),
-            "QM1": blank(length, length),
+            # QI, QM1, QM1x, QMM packed along the columns (one segment of L + 1 each); the
+            # cell (i, i+w) at row w + 2, so that a diagonal's reads (widths d-2, d-1) never clamp.
+            "ML": blank(length + 2, len(ML_SEGMENTS) * (length + 1)),
             "QM1r": blank(length + widest + 2, length + widest + 1),  # QM1[j-w][j] at [L - w, j]
-            "QM1x": blank(length, length + 1),
             "QMc": blank(length + 1, length),  # QM[i][i+m-1] at [m, i]
-            "QMM": blank(length, length + 1),
         }
 
     def views(self, d, rows, width, length):
         lo = self.split_lo
-        cell = {name: View(name, d, 0, 1, width) for name in CELL_ARRAYS}
+        cell = {"cells": View("cells", d, 0, 1, len(CELL_ARRAYS) * length)}
         window = {
             "qb_start": View("QBs", d, 0, WINDOW, width + WINDOW),  # widths d-32 .. d-2
             "qb_end": View("QBr", length - d + 2, d, WINDOW, width + WINDOW),
@@ -383,20 +448,28 @@ class TurnerGrammar:
             **cell, **window,
             "qm_left": View("QMc", lo, 0, rows, width),  # QM[i][i+m-1], m = lo ..
             "qm1_right": View("QM1r", length - d + lo, d, rows, width),  # QM1[i+m][j]
-            "qm1_prev": View("QM1", d - 1, 0, 1, width),  # QM1[i][j-1]
-            "qm1x_next": View("QM1x", d - 1, 1, 1, width),  # QM1x[i+1][j]
-            "qmm_inner": View("QMM", jnp.maximum(d - 2, 0), 1, 1, width),  # QMM[i+1][j-1]
+            "ml": View("ML", d, 0, 2, len(ML_SEGMENTS) * (length + 1)),  # widths d-2, d-1 of QI QM1 QM1x QMM
         }
 
     def writes(self, d, length):
-        return {"QBs": (d + ROW_PAD, 0), "QBr": (length - d, d + WINDOW), "QI": (d, 0), "QM1": (d, 0),
-                "QM1r": (length - d, d), "QM1x": (d, 0), "QMc": (d + 1, 0), "QMM": (d, 0)}
+        return {"QBs": (d + ROW_PAD, 0), "QBr": (length - d, d + WINDOW), "QM1r": (length - d, d),
+                "QMc": (d + 1, 0), "ML": (d + 2, 0, len(ML_SEGMENTS) * (length + 1))}
+
+    def pair_marks(self, arrays):
+        """[B, L(d), L(i)]: the adjoint of the pair scores (added once per pair) marks the pairs."""
+        cells = arrays["cells"]
+        length = cells.shape[1]
+        return cells[:, :, CELL_ARRAYS.index("pair") * length : (CELL_ARRAYS.index("pair") + 1) * length]
 
     def step(self, sr, d, views, consts, *, known, exact, length):
         del exact
-        cell = {name: views[name][:, 0] for name in CELL_ARRAYS}
-        width = cell["pair"].shape[-1]
-        neg_inf = jnp.array(-jnp.inf, cell["pair"].dtype)
+        batch, width = views["qm_left"].shape[0], views["qm_left"].shape[2]
+        packed = views["cells"][:, 0].reshape(batch, len(CELL_ARRAYS), length)[:, :, :width]
+        cell = {name: packed[:, k] for k, name in enumerate(CELL_ARRAYS)}
+        neg_inf = jnp.array(-jnp.inf, packed.dtype)
+        ml_rows = views["ml"].reshape(batch, 2, len(ML_SEGMENTS), length + 1)  # widths d-2, d-1
+        if "ML" in known:
+            known = {**known, **_unpack_ml(known["ML"], length, width)}
 
         # >= 2 stems in [i, j]: the one O(n^3) sum. Terms past a width's end are -inf.
         terms = jax.lax.optimization_barrier(views["qm_left"] + views["qm1_right"])
@@ -404,6 +477,8 @@ class TurnerGrammar:
 
         # Interior loops: tabulated small loops, then each class's length sum.
         qb_start, qb_end = views["qb_start"], views["qb_end"]
+        lin_start = _linear_window(qb_start) if sr.name == "log" else None
+        lin_end = _linear_window(qb_end) if sr.name == "log" else None
         rho = lambda l1, l2: MAX_LOOP - (l1 + l2)
         inner_qb = lambda l1, l2: qb_start[:, rho(l1, l2), l1 + 1 : l1 + 1 + width]
         parts = [
@@ -420,28 +495,33 @@ class TurnerGrammar:
                                          ("1n_start", "outer_1n", "inner_1n"),
                                          ("bulge_start", "outer_bulge", "inner_bulge")):
             fixed = BLOCKS[block][1]
-            loops = sr.matmul(consts[f"len_{block}"], qb_start + views[inner_name])  # [B, rows, width + 31]
+            loops = _loop_sums(sr, consts[f"len_{block}"], qb_start, views[inner_name], lin_start)  # [B, rows, K]
             # Row r (l1 = fixed[r]) reads the inner pair at column i + l1 + 1.
             shifted = _shifted_rows(loops, fixed[0] + 1, width) if len(fixed) > 1 else \
                 loops[:, :, fixed[0] + 1 : fixed[0] + 1 + width]
-            parts.append(cell[outer] + sr.sum(shifted, axis=1))
+            parts.append(cell[outer] + (sr.sum(shifted, axis=1) if len(fixed) > 1 else shifted[:, 0]))
         for block, outer, inner_name in (("1n_end", "outer_1n", "inner_1n_r"),
                                          ("bulge_end", "outer_bulge", "inner_bulge_r")):
             (l2,) = BLOCKS[block][1]
-            loops = sr.matmul(consts[f"len_{block}"], qb_end + views[inner_name])  # [B, 1, width + 31]
+            loops = _loop_sums(sr, consts[f"len_{block}"], qb_end, views[inner_name], lin_end)  # [B, 1, K]
             # The end window's column of cell i's inner pair (k, j - l2 - 1) is i + 30 - l2.
             parts.append(cell[outer] + loops[:, 0, MAX_LOOP - l2 : MAX_LOOP - l2 + width])
         qi = sr.sum(jnp.stack(parts, axis=1), axis=1, known=known.get("QI"))
 
-        ml = cell["ml_close"] + views["qmm_inner"][:, 0]
-        closes = sr.plus(sr.plus(cell["hairpin"], qi), jnp.where(d - 2 > 0, ml, neg_inf))
+        seg = {name: k for k, name in enumerate(ML_SEGMENTS)}
+        qmm_inner = ml_rows[:, 0, seg["QMM"], 1 : 1 + width]  # QMM[i+1][j-1]
+        qm1_prev = ml_rows[:, 1, seg["QM1"], :width]  # QM1[i][j-1]
+        qm1x_next = ml_rows[:, 1, seg["QM1x"], 1 : 1 + width]  # QM1x[i+1][j]
+        closes = sr.plus(sr.plus(cell["hairpin"], qi), cell["ml_close"] + qmm_inner)
         qb = cell["pair"] + closes
         b = consts["ml_base"][:, None]
-        qm1 = sr.plus(views["qm1_prev"][:, 0] + b, qb + cell["ml_stem"], known=known.get("QM1"))
-        qm1x = sr.plus(qm1, views["qm1x_next"][:, 0] + b, known=known.get("QM1x"))
+        qm1 = sr.plus(qm1_prev + b, qb + cell["ml_stem"], known=known.get("QM1"))
+        qm1x = sr.plus(qm1, qm1x_next + b, known=known.get("QM1x"))
         qm = sr.plus(qm1x, qmm, known=known.get("QMc"))
-        return {"QBs": qb, "QBr": qb, "QI": qi, "QM1": qm1, "QM1r": qm1, "QM1x": qm1x, "QMc": qm,
-                "QMM": qmm}, None
+        rows = {"QI": qi, "QM1": qm1, "QM1x": qm1x, "QMM": qmm}
+        ml_row = jnp.concatenate([jnp.pad(rows[name], ((0, 0), (0, length + 1 - width)), constant_values=-jnp.inf)
+                                  for name in ML_SEGMENTS], axis=1)
+        return {"QBs": qb, "QBr": qb, "QM1r": qm1, "QMc": qm, "ML": ml_row}, None
 
     def output(self, sr, arrays, consts, lengths, length):
         """F5[n-1]: the exterior loop, a left-to-right scan over end positions (O(L^2))."""

@@ -1,0 +1,207 @@
+"""Turner 2004 grammar: foldax against ViennaRNA, side by side in one run (float32).
+
+    taskset -c 0 python benchmarks/bench_turner.py --section single        # pf + bpp, one core
+    python benchmarks/bench_turner.py --section batch --devices 2          # 64 x 200 nt, both cores
+    taskset -c 0 python benchmarks/bench_turner.py --section grad          # value_and_grad vs forward
+    python benchmarks/bench_turner.py --section memory                     # peak memory, subprocesses
+
+single: ``layers.pair_probs`` (one inside and one outside pass: ViennaRNA's pf + bpp) of
+  one random sequence, against ViennaRNA's ``fc.pf()`` with base-pair probabilities
+  (``md.compute_bpp = 1``, ``md.pf_smooth = 0``, after ``exp_params_rescale(mfe)``; the MFE
+  pass is not timed), and the forward ``log_partition`` alone. Medians after a warm-up;
+  compile time apart.
+batch: ``pair_probs`` of 64 random 200-nt sequences, the batch sharded over ``--devices``
+  XLA CPU devices (one per core), against ViennaRNA in ``--devices`` processes
+  (``multiprocessing``, one sequence at a time).
+grad: ``jax.value_and_grad`` of ``log_partition`` w.r.t. every table against the forward.
+memory: peak resident memory of one value_and_grad call above the process's memory just
+  before it (compiled, warmed up, ``malloc_trim``; fresh interpreter per row), like
+  ``bench_grad.py --section memory``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import multiprocessing
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # repo root, for `layers`
+from benchmarks.cpu_devices import DEVICES  # noqa: E402  (before jax)
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import layers  # noqa: E402
+
+MB = 2**20
+
+
+def random_sequence(rng, n):
+    return "".join(rng.choice(list("ACGU"), n))
+
+
+def timed(fn, repeats):
+    jax.block_until_ready(fn())
+    runs = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        runs.append(time.perf_counter() - t)
+    return statistics.median(runs)
+
+
+def compiled(fn, *args):
+    t = time.perf_counter()
+    program = jax.jit(fn).lower(*args).compile()
+    return program, time.perf_counter() - t
+
+
+def vienna_pf_bpp(sequence):
+    """Seconds of ViennaRNA's pf with base-pair probabilities (MFE for the scale not timed)."""
+    import RNA
+
+    md = RNA.md()
+    md.pf_smooth = 0
+    md.compute_bpp = 1
+    fc = RNA.fold_compound(sequence, md)
+    _, mfe = fc.mfe()
+    fc.exp_params_rescale(mfe)
+    t = time.perf_counter()
+    fc.pf()
+    fc.bpp()
+    return time.perf_counter() - t
+
+
+def single(args):
+    rng = np.random.default_rng(0)
+    params = layers.turner2004()
+    print("pf + bpp of one sequence, float32 (ViennaRNA: fc.pf() with bpp)")
+    print(f"{'n':>6} {'ViennaRNA':>11} {'foldax pp':>11} {'fx/VRNA':>8} {'fx fwd':>10} {'compile pp|fwd':>16}")
+    rows = []
+    for n in args.sizes:
+        seq = random_sequence(rng, n)
+        x = layers.encode(seq)
+        vienna = statistics.median(vienna_pf_bpp(seq) for _ in range(max(1, args.repeats // 2)))
+        pp, c_pp = compiled(lambda p, x: layers.pair_probs(p, x), params, x)
+        fwd, c_fwd = compiled(lambda p, x: layers.log_partition(p, x), params, x)
+        t_pp = timed(lambda: pp(params, x), args.repeats)
+        t_fwd = timed(lambda: fwd(params, x), args.repeats)
+        rows.append({"n": n, "vienna_s": vienna, "pp_s": t_pp, "fwd_s": t_fwd, "compile_pp_s": c_pp,
+                     "compile_fwd_s": c_fwd})
+        print(f"{n:>6} {vienna * 1e3:>9.1f}ms {t_pp * 1e3:>9.1f}ms {t_pp / vienna:>8.2f} {t_fwd * 1e3:>8.1f}ms "
+              f"{c_pp:>7.1f}s|{c_fwd:.1f}s", flush=True)
+    return rows
+
+
+def _vienna_worker(sequences):
+    return sum(vienna_pf_bpp(s) for s in sequences)
+
+
+def batch(args):
+    rng = np.random.default_rng(1)
+    params = layers.turner2004()
+    seqs = [random_sequence(rng, args.batch_length) for _ in range(args.batch)]
+    tokens, lengths = layers.encode_batch(seqs)
+    devices = jax.devices()
+    if len(devices) > 1:
+        mesh = jax.make_mesh((len(devices),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+        sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+        tokens, lengths = jax.device_put(tokens, sharding), jax.device_put(lengths, sharding)
+    pp, c_pp = compiled(lambda p, x, n: layers.pair_probs(p, x, n), params, tokens, lengths)
+    t_pp = timed(lambda: pp(params, tokens, lengths), args.repeats)
+    procs = max(1, len(devices))
+    chunks = [seqs[k::procs] for k in range(procs)]
+    t = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(procs) as pool:
+        pool.map(_vienna_worker, chunks)
+    t_vienna = time.perf_counter() - t
+    print(f"pair_probs, batch {args.batch} x {args.batch_length} nt, {len(devices)} device(s) vs ViennaRNA in "
+          f"{procs} process(es)")
+    print(f"  foldax {t_pp * 1e3:.0f} ms ({args.batch / t_pp:.1f} seq/s), ViennaRNA {t_vienna * 1e3:.0f} ms "
+          f"({args.batch / t_vienna:.1f} seq/s): throughput ratio {t_vienna / t_pp:.2f}x; compile {c_pp:.1f}s")
+    return {"batch": args.batch, "length": args.batch_length, "devices": len(devices), "foldax_s": t_pp,
+            "vienna_s": t_vienna, "compile_s": c_pp}
+
+
+def grad(args):
+    rng = np.random.default_rng(2)
+    params = layers.turner2004()
+    print("value_and_grad (all tables) vs forward, one sequence, float32")
+    rows = []
+    for n in args.sizes:
+        x = layers.encode(random_sequence(rng, n))
+        fwd, c_fwd = compiled(lambda p, x: layers.log_partition(p, x), params, x)
+        vg, c_vg = compiled(jax.value_and_grad(lambda p, x: layers.log_partition(p, x)), params, x)
+        t_fwd = timed(lambda: fwd(params, x), args.repeats)
+        t_vg = timed(lambda: vg(params, x), args.repeats)
+        rows.append({"n": n, "fwd_s": t_fwd, "vg_s": t_vg, "compile_fwd_s": c_fwd, "compile_vg_s": c_vg})
+        print(f"  n={n}: forward {t_fwd * 1e3:.1f} ms, value_and_grad {t_vg * 1e3:.1f} ms ({t_vg / t_fwd:.2f}x); "
+              f"compile {c_fwd:.1f}s | {c_vg:.1f}s", flush=True)
+    return rows
+
+
+def _rss_mb(field):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def memory_row(n):
+    rng = np.random.default_rng(3)
+    params = layers.turner2004()
+    x = layers.encode(random_sequence(rng, n))
+    vg, _ = compiled(jax.value_and_grad(lambda p, x: layers.log_partition(p, x)), params, x)
+    jax.block_until_ready(vg(params, x))
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")
+    base = _rss_mb("VmRSS")
+    jax.block_until_ready(vg(params, x))
+    peak = _rss_mb("VmHWM")
+    return {"n": n, "peak_above_baseline_mb": peak - base}
+
+
+def memory(args):
+    print("peak memory of value_and_grad above the process baseline (fresh process per row)")
+    rows = []
+    for n in args.sizes:
+        out = subprocess.run([sys.executable, __file__, "--memory-row", str(n)], capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"  n={n}: failed: {out.stderr.strip().splitlines()[-1:]}")
+            continue
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        print(f"  n={n}: {row['peak_above_baseline_mb']:.0f} MB", flush=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--section", choices=["single", "batch", "grad", "memory"], default="single")
+    ap.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")], default=None)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--batch-length", type=int, default=200)
+    ap.add_argument("--devices", type=int, default=1)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--memory-row", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.memory_row is not None:
+        print(json.dumps(memory_row(args.memory_row)))
+        return
+    defaults = {"single": [200, 500, 1000, 2000], "grad": [200, 500, 1000], "memory": [1000, 4000]}
+    args.sizes = args.sizes or defaults.get(args.section, [])
+    result = {"single": single, "batch": batch, "grad": grad, "memory": memory}[args.section](args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
