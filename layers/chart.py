@@ -351,15 +351,22 @@ def _programs(problem: Problem, semiring_name: str):
     def value_and_grad(inputs, lengths):
         return grad_raw(inputs, lengths)
 
-    @value_and_grad.defjvp
     def _value_and_grad_jvp(primals, tangents):
         inputs, lengths = primals
         dot = tangents[0]
         value, grads = grad_raw(inputs, lengths)
         value_dot = _vdot_batched(grads, dot)
-        if sr is MAX:  # piecewise constant: the arg-max indicator has zero derivative
+        live = [t for t in _tangent_leaves(dot) if not _is_zero(t)]
+        if sr is MAX or not live:  # the arg-max indicator is piecewise constant: zero derivative
             return (value, grads), (value_dot, jax.tree.map(jnp.zeros_like, grads))
+        # Zero tangents (inputs not differentiated) become zeros that are still linear in a
+        # live tangent: the transpose of the symmetric product needs every leaf linear.
+        anchor = 0 * jnp.sum(live[0])
+        dot = jax.tree.map(lambda t, x: jnp.broadcast_to(anchor, jnp.shape(x)).astype(x.dtype) if _is_zero(t) else t,
+                           dot, inputs, is_leaf=_is_zero)
         return (value, grads), (value_dot, _symmetric_hvp(hvp_raw, inputs, lengths, dot))
+
+    value_and_grad.defjvp(_value_and_grad_jvp, symbolic_zeros=True)
 
     @jax.custom_jvp
     def value(inputs, lengths):
@@ -374,11 +381,20 @@ def _programs(problem: Problem, semiring_name: str):
     return value, value_and_grad
 
 
+def _is_zero(t):
+    return isinstance(t, jax.custom_derivatives.SymbolicZero)
+
+
+def _tangent_leaves(dot):
+    return jax.tree.leaves(dot, is_leaf=_is_zero)
+
+
 def _vdot_batched(grads, dot):
-    """sum over everything but the batch axis of grads * dot -> [B]."""
+    """sum over everything but the batch axis of grads * dot -> [B] (zero tangents skipped)."""
+    leaves = jax.tree.leaves(grads)
     terms = [jnp.sum((g * t).reshape(g.shape[0], -1), axis=1)
-             for g, t in zip(jax.tree.leaves(grads), jax.tree.leaves(dot))]
-    return sum(terms)
+             for g, t in zip(leaves, _tangent_leaves(dot)) if not _is_zero(t)]
+    return sum(terms) if terms else jnp.zeros(leaves[0].shape[:1], leaves[0].dtype)
 
 
 @jax.custom_jvp

@@ -43,10 +43,16 @@ def _log_sum(x, axis):
     return jnp.squeeze(jnp.log(jnp.sum(jnp.exp(x - top), axis=axis, keepdims=True)) + top, axis)
 
 
+def _share(x, total):
+    """exp(x - total), 0 where the total is -inf (no alternative); no NaN even in the
+    unselected branch, so that derivatives of the shares stay NaN-free too."""
+    empty = total == -jnp.inf
+    return jnp.where(empty, jnp.zeros_like(x), jnp.exp(x - jnp.where(empty, jnp.zeros_like(total), total)))
+
+
 def _shares(x, total, axis):
-    """exp(x - total) with 0 where the total is -inf (no alternative): d total / d x."""
-    total = jnp.expand_dims(total, axis)
-    return jnp.where(total == -jnp.inf, jnp.zeros_like(x), jnp.exp(x - total))
+    """d total / d x for total = log-sum-exp of x along axis."""
+    return _share(x, jnp.expand_dims(total, axis))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
@@ -69,8 +75,25 @@ def _log_sum_fresh(x, axis):
 @_log_sum_fresh.defjvp
 def _log_sum_fresh_jvp(axis, primals, tangents):
     (x,), (x_dot,) = primals, tangents
-    total = _log_sum(x, axis)
+    # The total through this same rule, so that differentiating the shares again (second
+    # derivatives) sees d total = sum(shares * dx), never the max's derivative at -inf.
+    total = _log_sum_fresh(x, axis)
     return total, jnp.sum(_shares(x, total, axis) * x_dot, axis=axis)
+
+
+@jax.custom_jvp
+def _logaddexp(a, b):
+    # Shifted by the finite max: no NaN even in unselected branches (both -inf gives -inf).
+    top = _finite_or_zero(jnp.maximum(a, b))
+    return jnp.log(jnp.exp(a - top) + jnp.exp(b - top)) + top
+
+
+@_logaddexp.defjvp
+def _logaddexp_jvp(primals, tangents):
+    a, b = primals
+    a_dot, b_dot = tangents
+    total = _logaddexp(a, b)
+    return total, _share(a, total) * a_dot + _share(b, total) * b_dot
 
 
 @jax.custom_jvp
@@ -82,11 +105,7 @@ def _log_plus(a, b, known):
 def _log_plus_jvp(primals, tangents):
     a, b, known = primals
     a_dot, b_dot, _ = tangents
-    finite = known != -jnp.inf
-    zero = jnp.zeros_like(known)
-    w_a = jnp.where(finite, jnp.exp(a - known), zero)
-    w_b = jnp.where(finite, jnp.exp(b - known), zero)
-    return known, w_a * a_dot + w_b * b_dot
+    return known, _share(a, known) * a_dot + _share(b, known) * b_dot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +117,7 @@ class LogSemiring:
     def plus(self, a, b, known=None):
         """``log(e^a + e^b)``."""
         a, b = jnp.broadcast_arrays(a, b)
-        return _log_plus(a, b, jnp.logaddexp(a, b) if known is None else known)
+        return _logaddexp(a, b) if known is None else _log_plus(a, b, known)
 
     def sum(self, x, axis=0, known=None):
         """``log sum_k e^{x_k}`` along ``axis`` (two passes: the max, then the shifted exp-sum)."""
@@ -231,8 +250,7 @@ def _sample_plus(a, b, known, u):
 def _sample_plus_jvp(primals, tangents):
     a, b, known, u = primals
     a_dot, b_dot = tangents[:2]
-    w_a = jnp.where(known != -jnp.inf, jnp.exp(a - known), jnp.zeros_like(known))
-    return known, jnp.where(u < w_a, a_dot, b_dot)
+    return known, jnp.where(u < _share(a, known), a_dot, b_dot)
 
 
 class SampleSemiring:

@@ -353,7 +353,9 @@ def _log_or_neg_inf(s):
 def _log_or_neg_inf_jvp(primals, tangents):
     (s,), (s_dot,) = primals, tangents
     positive = s > 0
-    return jnp.log(s), jnp.where(positive, s_dot / jnp.where(positive, s, 1), 0)
+    # The value through this same rule: differentiated again (second derivatives), the
+    # derivative of log at 0 would make 0/0.
+    return _log_or_neg_inf(s), jnp.where(positive, s_dot / jnp.where(positive, s, 1), 0)
 
 
 def _linear_window(qb):
