@@ -18,8 +18,8 @@ For one sequence with predicted pairs ``P`` and reference pairs ``T``:
   and Mathews et al. (2004);
 * conventions: an empty prediction has precision 1, an empty reference has
   recall 1; f1 is 0 when precision + recall is 0 -- so f1 is 1 when both are
-  empty and 0 when exactly one is. mcc follows f1 where its denominator is 0:
-  1 when both are empty (or all candidates are predicted and true), else 0.
+  empty and 0 when exactly one is. mcc is exactly 1 when the prediction equals
+  the reference (both empty included) and 0 when its denominator is 0 otherwise.
 
 Scores are averaged *per sequence* (every sequence weighs the same, whatever its
 length), as usual in the literature. Inputs are pair tables ``[B, L]``
@@ -79,8 +79,9 @@ def _mcc(tp, n_pred, n_true, lengths):
     tn = n * (n - 1) / 2 - tp - fp - fn
     # a product of square roots: the plain product of the four factors reaches 1e19 at L = 3000
     denom = jnp.sqrt(tp + fp) * jnp.sqrt(tp + fn) * jnp.sqrt(tn + fp) * jnp.sqrt(tn + fn)
-    degenerate = jnp.where((fp == 0) & (fn == 0), 1.0, 0.0)  # a constant matrix: 1 if pred == true
-    return jnp.where(denom > 0, (tp * tn - fp * fn) / jnp.where(denom > 0, denom, 1.0), degenerate)
+    mcc = jnp.clip((tp * tn - fp * fn) / jnp.where(denom > 0, denom, 1.0), -1.0, 1.0)
+    # pred == true is exactly 1 (also when both are empty: a zero denominator); other zero denominators: 0
+    return jnp.where((fp == 0) & (fn == 0), 1.0, jnp.where(denom > 0, mcc, 0.0))
 
 
 def pair_metrics(pred_table, true_table, lengths=None) -> dict:

@@ -12,16 +12,13 @@ import csv
 import hashlib
 import json
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from data.examples import split_of
-from layers.dotbracket import from_dot_bracket, to_dot_bracket
+from layers.dotbracket import from_dot_bracket
 from train import familyfold as ff
 from train import train as trainer
 from train.main import load_config_file
@@ -204,8 +201,9 @@ def test_tables_and_json(run, tsv):
     assert f"| tRNA | 5 | 38-{LONG_TRNA} |" in md  # not the unlisted 34-nt row, nor the 30-nt short-hairpin one
     assert f"at full length (longest here: {LONG_TRNA} nt, tRNA)" in md
     assert "rows of at most 64 nt" in md and "**Incomplete:** 2 of 10 families" in md
-    assert "1 not in ArchiveII's family lists; 1 with a hairpin < min_hairpin" in md
-    assert f"**mean of 2 families**" in md
+    assert trna["left_out_longest"] == {"not_listed": 34, "short_hairpin": 30}
+    assert "1 not in ArchiveII's family lists (up to 34 nt); 1 with a hairpin < min_hairpin (up to 30 nt)" in md
+    assert "**mean of 2 families**" in md
     mea = f"{saved['mean']['mea']['f1']:.3f}"
     assert f"**{mea}**" in md
     if have_rnafold:
@@ -265,7 +263,6 @@ def test_a_run_killed_during_evaluation_resumes_without_training(run, tsv, monke
     assert again["mean"] == result["mean"]
 
 
-@pytest.mark.slow
 def test_resume_skips_finished_families_and_finishes_a_half_trained_one(run, tsv, tmp_path, monkeypatch):
     """A run stopped in the middle of a family's training resumes it from its checkpoint and keeps the
     finished families; the result equals the uninterrupted run's."""
@@ -347,10 +344,21 @@ def test_command_line_max_eval_length(tsv, tmp_path, capsys):
     assert trna["n_seqs"] == 4 and trna["max_length"] < LONG_TRNA
     assert trna["left_out"] == {"not_listed": 1, "longer_than_max_eval_length": 1, "short_hairpin": 1}
     assert set(trna["methods"]) == {"mea", "best"} and trna["rnafold_status"] == "skipped"
-    assert "held-out sequences up to 64 nt" in out and "1 longer than 64 nt" in out
+    assert "held-out sequences up to 64 nt" in out and f"1 longer than 64 nt (up to {LONG_TRNA} nt)" in out
     assert "## F1 (mean per sequence)" in out and "wrote" in out
     assert result["config_name"].startswith(str(config))
     # resuming needs only the workdir
     assert foldax_main(["familyfold", "--workdir", str(workdir), "--families", "tRNA", "--max-eval-length", "64",
                         "--no-rnafold"]) == 0
     assert json.loads((workdir / "familyfold.json").read_text())["mean"] == result["mean"]
+
+
+def test_foldax_familyfold_help(capsys):
+    from foldax.cli import main as foldax_main
+
+    assert foldax_main(["--help"]) == 0
+    assert "familyfold" in capsys.readouterr().out
+    assert foldax_main(["familyfold", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--max-eval-length" in out and "--families" in out and "--no-rnafold" in out
+    assert foldax_main(["familyfold", "--config", "x.py"]) == 2  # --workdir is required

@@ -14,9 +14,10 @@ For every ArchiveII family ``f`` (:data:`data.archiveii.FAMILIES`, or ``--famili
    ``f``; validation = the *other* families' random ``valid`` rows; train = the
    rest of the other families. So the best checkpoint (the only choice made
    from data during training: ``config.best_metric`` on the validation split)
-   never sees family ``f``; each family's run checks this (no example of ``f``
-   in its train or validation split; none of their sequences in its test split)
-   before it trains.
+   never sees family ``f``. Each family's run checks this before it trains (no
+   example of ``f`` in its train or validation split, else an error) and counts
+   the test sequences that also occur in them (``checks``; none in ArchiveII,
+   where no sequence is in two families).
 2. **Evaluate** its best checkpoint on family ``f`` with :func:`train.compare.compare`:
    foldax MEA (``config.gamma``), foldax best structure, and RNAfold (ViennaRNA,
    MFE, 37 C) on the same sequences, each against the same nested reference
@@ -223,22 +224,30 @@ def left_out_counts(family_rows: list[dict], config, *, max_eval_length: int, n_
     (``data.short_hairpins = "drop"``), ``longer_than_max_eval_length``,
     ``subset`` (``data.max_test_examples``); ``other`` would be a mismatch.
     """
+    return {k: n for k, (n, _) in _left_out(family_rows, config, max_eval_length=max_eval_length,
+                                             n_evaluated=n_evaluated).items()}
+
+
+def _left_out(family_rows, config, *, max_eval_length: int, n_evaluated: int) -> dict:
+    """``{reason: (count, longest length or None)}`` of :func:`left_out_counts` (non-zero counts)."""
     data, min_hairpin = config.data, int(config.model.get("min_hairpin", 3))
-    counts = {"not_listed": 0, "short_hairpin": 0, "longer_than_max_eval_length": 0}
+    lengths = {"not_listed": [], "short_hairpin": [], "longer_than_max_eval_length": []}
     kept = 0
     for ex in family_rows:
         if data.get("filtered", True) and not ex["in_lis"]:
-            counts["not_listed"] += 1
+            lengths["not_listed"].append(ex["length"])
         elif max_eval_length and ex["length"] > max_eval_length:
-            counts["longer_than_max_eval_length"] += 1
+            lengths["longer_than_max_eval_length"].append(ex["length"])
         elif data.get("short_hairpins", "drop") == "drop" and _short_hairpin(ex, min_hairpin):
-            counts["short_hairpin"] += 1
+            lengths["short_hairpin"].append(ex["length"])
         else:
             kept += 1
+    out = {k: (len(v), max(v, default=None)) for k, v in lengths.items()}
     limit = int(data.get("max_test_examples", 0))
-    counts["subset"] = kept - min(kept, limit) if limit else 0
-    counts["other"] = kept - counts["subset"] - n_evaluated
-    return {k: v for k, v in counts.items() if v}
+    subset = kept - min(kept, limit) if limit else 0
+    out["subset"] = (subset, None)
+    out["other"] = (kept - subset - n_evaluated, None)
+    return {k: v for k, v in out.items() if v[0]}
 
 
 def _leakage_checks(splits: dict, family: str) -> dict:
@@ -309,6 +318,7 @@ def run_family(config, workdir: str, family: str, *, family_rows: list[dict], ma
     result = compare(fdir, split="test", which="best", config=fcfg, rnafold=rnafold,
                      rnafold_cache=os.path.join(workdir, "rnafold_cache.jsonl") if rnafold else None,
                      max_batch_cells=max_batch_cells)
+    left_out = _left_out(family_rows, config, max_eval_length=max_eval_length, n_evaluated=result["n_seqs"])
     if "test/mea/f1" in summary:
         checks["summary_test_mea_f1"] = summary["test/mea/f1"]  # the run's own test evaluation, same data
     record = {
@@ -318,8 +328,8 @@ def run_family(config, workdir: str, family: str, *, family_rows: list[dict], ma
         "min_length": min(s["length"] for s in result["sequences"]), "max_length": result["max_length"],
         "max_eval_length": int(fcfg.data.max_eval_length), "eval_buckets": list(fcfg.data.eval_buckets),
         "eval_batch_size": int(fcfg.eval_batch_size),
-        "left_out": left_out_counts(family_rows, config, max_eval_length=max_eval_length,
-                                    n_evaluated=result["n_seqs"]),
+        "left_out": {k: n for k, (n, _) in left_out.items()},
+        "left_out_longest": {k: longest for k, (_, longest) in left_out.items() if longest},
         "training": {k: summary.get(k) for k in ("steps", "best_step", "resumed_from_step", "train_wall_s",
                                                  "wall_time_s", "train_steps_per_s", "valid/mea/f1", "valid/best/f1")
                      if k in summary},
@@ -452,7 +462,9 @@ def _left_out_text(record: dict) -> str:
     words = {"not_listed": "not in ArchiveII's family lists", "short_hairpin": "with a hairpin < min_hairpin",
              "longer_than_max_eval_length": f"longer than {record['max_eval_length']} nt",
              "subset": "outside the data.max_test_examples subset", "other": "unexplained (a bug)"}
-    return "; ".join(f"{n} {words[k]}" for k, n in record["left_out"].items()) or "none"
+    longest = record.get("left_out_longest", {})
+    return "; ".join(f"{n} {words[k]}" + (f" (up to {longest[k]:,} nt)" if k in longest else "")
+                     for k, n in record["left_out"].items()) or "none"
 
 
 def format_markdown(result: dict) -> str:
