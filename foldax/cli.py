@@ -6,6 +6,7 @@ Subcommands::
                 [--format dbn|bpseq|ct] [-o PREFIX] [--plot] [--skip-invalid] ...
     foldax plot --workdir W [-o OUT.png]
     foldax train ... / foldax eval ... / foldax export-params ...   (see train.main)
+    foldax familyfold --config C --workdir W ...                      (see train.familyfold)
 
 ``foldax fold`` prints, for each record (RNAfold style)::
 
@@ -155,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name in FORWARDED:
         fwd = sub.add_parser(name, help=f"{SUBCOMMANDS[name]} (see 'foldax {name} --help')", add_help=False)
         fwd.add_argument("rest", nargs=argparse.REMAINDER)
+    ff = sub.add_parser("familyfold", add_help=False,
+                        help="train one model per held-out ArchiveII family, compare with RNAfold "
+                             "(see 'foldax familyfold --help')")
+    ff.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -178,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"foldax {argv[0]}: interrupted (Ctrl-C); checkpoints written so far are kept", file=sys.stderr)
             return 130
         return 0 if rc is None else int(rc)
+    if argv and argv[0] == "familyfold":
+        from train.familyfold import main as familyfold_main  # lazily, as above
+
+        return familyfold_main(argv[1:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
