@@ -314,14 +314,16 @@ def load_splits(data_cfg, *, min_hairpin: int, seed: int = 0, splits: Sequence[s
     max_eval = int(data_cfg.get("max_eval_length", 0)) or max_length
     short_hairpins = data_cfg.get("short_hairpins", "drop")
     out = Splits()
-    for k, split in enumerate(splits):
+    for split in splits:
         examples = raw[split]
         if split == "train" and data_cfg.get("drop_duplicates", False):
             examples = [ex for ex in examples if not ex.get("dup_of")]
         length = max_eval if split == "test" else max_length
         kept, n_long, n_short = _clean(examples, min_hairpin=min_hairpin, short_hairpins=short_hairpins,
                                        max_length=length)
-        out[split] = _subset(kept, int(data_cfg.get(f"max_{split}_examples", 0)), seed + k)
+        # Seeded by the split's name, not its position in `splits`: loading one split (eval)
+        # keeps the same subset as loading all three (training).
+        out[split] = _subset(kept, int(data_cfg.get(f"max_{split}_examples", 0)), seed + SPLIT_NAMES.index(split))
         log.info("%s: %d examples (%d longer than %s dropped, %d with hairpins <= %d %s)", split, len(out[split]),
                  n_long, length, n_short, min_hairpin, "dropped" if short_hairpins == "drop" else "cleaned")
         out.sources[split] = raw.sources[split] + _what_was_dropped(
