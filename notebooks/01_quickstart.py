@@ -107,7 +107,7 @@ print("batched log Z:", np.round(np.asarray(layers.log_partition(params, batch_t
 #
 # $P_{ij} = p((i,j) \in s \mid x)$. Adding a potential $\phi_{ij}$ to the score of
 # pair (i, j) shows that $P = \partial \log Z / \partial \phi$: `layers.pair_probs` is one
-# inside and one outside pass (`jax.grad` through the custom VJP).
+# inside and one outside pass (`jax.grad` runs the outside algorithm, `layers/chart.py`).
 
 # %%
 probs = np.asarray(layers.pair_probs(params, tokens))

@@ -24,7 +24,7 @@
 # 1. time and memory of the forward pass and the gradient at n = 100 and 200;
 # 2. how to profile with `jax.profiler`;
 # 3. what made the difference: the layout, the chunks, in-place row updates, the
-#    batch-major layout and the custom-VJP outside pass -- each with a small check.
+#    batch-major layout and the outside pass (vjp of one diagonal) -- each with a small check.
 #
 # Small sizes so that the notebook runs in about a minute on a 2-core CPU (mostly XLA
 # compilation); `benchmarks/bench_forward.py` measures larger ones. Absolute numbers
@@ -230,7 +230,8 @@ else:
 
 # %%
 demo = layers.encode_batch(["GGGGAAACCCCAGUCAGGAAACUG"], buckets=None)[0]
-F, Zn, Zr = layers.inside.inside_charts(params, demo)
+charts = layers.inside.inside_charts(params, demo)
+F, Zn, Zr = charts["F"], charts["Zn"], charts["Zr"]
 L = demo.shape[1]
 for d in (5, 12, 20):
     left = F[:, 0:d, 0 : L - d]  # F[i][i+m],     m = 0..d-1 (m = 0: i unpaired)
@@ -299,7 +300,7 @@ class _NoBarrier(types.SimpleNamespace):
 
 def _retrace():
     jax.clear_caches()  # re-trace log_partition's inner jit with the patched module
-    layers.chart._charts_program.cache_clear()  # and the engine's per-geometry programs
+    layers.chart._programs.cache_clear()  # and the engine's per-geometry programs
 
 
 layers.chart.lax = _NoBarrier(optimization_barrier=lambda values: values)
@@ -348,14 +349,16 @@ print(f"batch-major [B, w, i]: {major['run_ms']:.2f} ms   batch-minor [w, i, B=1
       f"   ({minor['run_ms'] / major['run_ms']:.1f}x slower)")
 
 # %% [markdown]
-# ### (e) The outside pass: a custom VJP with O(n^2) memory
+# ### (e) The outside pass: `jax.vjp` of one diagonal, O(n^2) memory
 #
 # Reverse-mode autodiff of the scan stores every step's residuals -- here the
-# `n x n` bifurcation terms of each of the n steps, O(n^3) memory. foldax's
-# `inside_from_scores` is a `jax.custom_vjp`: the forward pass keeps only the three
-# O(n^2) charts, and the backward pass is the *outside algorithm*, pushing each cell's
-# adjoint to its children in reverse diagonal order and re-deriving the split weights
-# (softmax shares) from the saved charts. The gradient's temp memory from part 1:
+# `n x n` bifurcation terms of each of the n steps, O(n^3) memory. foldax keeps only
+# the O(n^2) charts and runs the *outside algorithm* itself (`layers/chart.py`): the
+# diagonals in reverse, each one `jax.vjp` of the grammar's per-diagonal step at the
+# saved charts, its adjoints added back into adjoint charts. The semiring's sums hand
+# out the shares (softmax for log Z, arg-max for the best structure, a sampled choice
+# for exact samples), and because all of it is plain JAX, forward mode over it gives
+# second derivatives in O(n^2) memory too. The gradient's temp memory from part 1:
 
 # %%
 for impl in ("naive", "foldax"):
@@ -367,7 +370,7 @@ for impl in ("naive", "foldax"):
 # **Summary.** The layout turns the O(n^3) bifurcation into dense slice-add-reduce
 # operations over a band that the chunks keep close to the real triangle; the barrier
 # keeps the per-diagonal row writes in place; batch-major keeps the vector units busy;
-# and the custom VJP makes the gradient one more O(n^3)-time, O(n^2)-memory pass
+# and the outside pass makes the gradient one more O(n^3)-time, O(n^2)-memory pass
 # instead of a stored tape. `benchmarks/README.md` has the larger measurements
 # (including a C++ baseline).
 
