@@ -55,7 +55,7 @@ ROW_PAD = WINDOW + 1
 
 #: Per-cell score arrays that the recursion reads on the cell's own diagonal.
 CELL_ARRAYS = ("pair", "hairpin", "stack", "bulge1_5", "bulge1_3", "int11", "int12", "int21", "int22",
-               "outer_generic", "outer_1n", "outer_23", "outer_bulge", "ml_close", "ml_stem")
+               "outer_generic", "outer_1n", "outer_23", "outer_bulge", "ml_close", "ml_stem", "ext")
 #: The multiloop charts packed into one (see TurnerGrammar.init_charts).
 ML_SEGMENTS = ("QI", "QM1", "QM1x", "QMM")
 #: Inner-pair arrays read through the start-indexed window (one per loop class) ...
@@ -289,9 +289,11 @@ def cell_scores(params, tokens, lengths, phi=None, *, min_hairpin=3, pf=True, en
 
     per_cell = {"pair": pair, "hairpin": hairpin, "stack": stack, "bulge1_5": bulge1_5, "bulge1_3": bulge1_3,
                 "int11": int11, "int12": int12, "int21": int21, "int22": int22, **outer,
-                "ml_close": ml_close, "ml_stem": ml_stem}
-    # Packed along the columns, so that a diagonal reads all its cells' scores with one slice.
-    arrays = {"cells": jnp.concatenate([per_cell[k] for k in CELL_ARRAYS], axis=2), "ext": w(ext_energy)}
+                "ml_close": ml_close, "ml_stem": ml_stem, "ext": w(ext_energy)}
+    # Packed along the columns, so that a diagonal reads all its cells' scores with one slice;
+    # the exterior-loop stems once more by span end (a column per end position, as in QBr).
+    arrays = {"cells": jnp.concatenate([per_cell[k] for k in CELL_ARRAYS], axis=2),
+              "ext_r": _to_end_layout(per_cell["ext"], length, end_pad)}
     # Inner-pair arrays in the QB charts' coordinates (see TurnerGrammar.init_charts).
     # The log semiring sums loop lengths as matrix products in linear space (see _loop_sums).
     space = jnp.exp if pf else (lambda v: v)
@@ -322,10 +324,10 @@ def _end_reverse(cells, length):
 
 
 def _to_end_layout(cells, length, end_pad):
-    """[B, L(w), L(i)] -> the end-indexed layout [B, L + ROW_PAD + 1, L + WINDOW + end_pad]: the
-    cell (j - w, j) at row L - w, column j + WINDOW (the layout of the end-indexed QB chart)."""
+    """[B, L(w), L(i)] -> the end-indexed layout [B, L + 1 + max(ROW_PAD, end_pad), L + WINDOW + end_pad]:
+    the cell (j - w, j) at row L - w, column j + WINDOW (the layout of the end-indexed QB chart)."""
     flipped = _end_reverse(cells, length)[:, ::-1]  # row L - 1 - w
-    return jnp.pad(flipped, ((0, 0), (1, ROW_PAD), (WINDOW, end_pad)))
+    return jnp.pad(flipped, ((0, 0), (1, max(ROW_PAD, end_pad)), (WINDOW, end_pad)))
 
 
 # ------------------------------------------------------------------------ grammar
@@ -421,7 +423,7 @@ class TurnerGrammar:
         return max(d1 - 2 * self.min_hairpin - 3, 1), length - d0
 
     def init_charts(self, inputs, length, widest):
-        ref = inputs["arrays"]["ext"]
+        ref = inputs["arrays"]["cells"]
         batch, dtype = ref.shape[0], ref.dtype
 
         def blank(rows, cols):
@@ -429,16 +431,21 @@ class TurnerGrammar:
 
         return {
             "QBs": blank(length + ROW_PAD, length + WINDOW),  # QB[i][i+w] at [w + ROW_PAD, i]
-            "QBr": blank(length + ROW_PAD + 1, length + WINDOW + widest),  # QB[j-w][j] at [L - w, j + WINDOW]
+            # QB[j-w][j] at [L - w, j + WINDOW]; rows past L (negative widths) stay -inf.
+            "QBr": blank(length + 1 + max(ROW_PAD, widest), length + WINDOW + widest),
             # QI, QM1, QM1x, QMM packed along the columns (one segment of L + 1 each); the
             # cell (i, i+w) at row w + 2, so that a diagonal's reads (widths d-2, d-1) never clamp.
             "ML": blank(length + 2, len(ML_SEGMENTS) * (length + 1)),
             "QM1r": blank(length + widest + 2, length + widest + 1),  # QM1[j-w][j] at [L - w, j]
             "QMc": blank(length + 1, length),  # QM[i][i+m-1] at [m, i]
+            # The exterior loop: F5[t - 1] at [0, t] (t = 0: the empty prefix; F5[0]: one base).
+            "F5": blank(1, length + widest + 2).at[:, 0, :2].set(0),
         }
 
     def views(self, d, rows, width, length):
         lo = self.split_lo
+        # Exterior stems (k, d) need k <= d - h - 1; rows = d1 - 2h - 3 for the chunk's last d1.
+        stems = rows + self.min_hairpin + 1
         cell = {"cells": View("cells", d, 0, 1, len(CELL_ARRAYS) * length)}
         window = {
             "qb_start": View("QBs", d, 0, WINDOW, width + WINDOW),  # widths d-32 .. d-2
@@ -451,11 +458,17 @@ class TurnerGrammar:
             "qm_left": View("QMc", lo, 0, rows, width),  # QM[i][i+m-1], m = lo ..
             "qm1_right": View("QM1r", length - d + lo, d, rows, width),  # QM1[i+m][j]
             "ml": View("ML", d, 0, 2, len(ML_SEGMENTS) * (length + 1)),  # widths d-2, d-1 of QI QM1 QM1x QMM
+            # The exterior loop at end position d: stems (k, d) for k = 1 .. rows + 1 (k = 0 is
+            # this diagonal's own cell), and the prefixes F5[k - 1] before them.
+            "f5_prev": View("F5", 0, 1, 1, stems),  # F5[k - 1], k = 1 ..
+            "stem_qb": View("QBr", length - d + 1, d + WINDOW, stems, 1),  # QB[k][d]
+            "stem_ext": View("ext_r", length - d + 1, d + WINDOW, stems, 1),
+            "f5_last": View("F5", 0, d, 1, 1),  # F5[d - 1]
         }
 
     def writes(self, d, length):
         return {"QBs": (d + ROW_PAD, 0), "QBr": (length - d, d + WINDOW), "QM1r": (length - d, d),
-                "QMc": (d + 1, 0), "ML": (d + 2, 0, len(ML_SEGMENTS) * (length + 1))}
+                "QMc": (d + 1, 0), "ML": (d + 2, 0, len(ML_SEGMENTS) * (length + 1)), "F5": (0, d + 1, 1)}
 
     def pair_marks(self, arrays):
         """[B, L(d), L(i)]: the adjoint of the pair scores (added once per pair) marks the pairs."""
@@ -523,32 +536,15 @@ class TurnerGrammar:
         rows = {"QI": qi, "QM1": qm1, "QM1x": qm1x, "QMM": qmm}
         ml_row = jnp.concatenate([jnp.pad(rows[name], ((0, 0), (0, length + 1 - width)), constant_values=-jnp.inf)
                                   for name in ML_SEGMENTS], axis=1)
-        return {"QBs": qb, "QBr": qb, "QM1r": qm1, "QMc": qm, "ML": ml_row}, None
+        # The exterior loop of the prefix x[0..d]: d unpaired, or a stem (k, d) after F5[k - 1].
+        stems = jnp.concatenate([qb[:, :1] + cell["ext"][:, :1],  # k = 0: this diagonal's cell (0, d)
+                                 views["f5_prev"][:, 0] + views["stem_qb"][:, :, 0] + views["stem_ext"][:, :, 0]],
+                                axis=1)
+        f5 = sr.plus(views["f5_last"][:, 0, 0], sr.sum(stems, axis=1),
+                     known=known["F5"][:, 0] if "F5" in known else None)
+        return {"QBs": qb, "QBr": qb, "QM1r": qm1, "QMc": qm, "ML": ml_row, "F5": f5[:, None]}, None
 
     def output(self, sr, arrays, consts, lengths, length):
-        """F5[n-1]: the exterior loop, a left-to-right scan over end positions (O(L^2))."""
-        qb = arrays["QBs"][:, ROW_PAD : ROW_PAD + length, :length]  # [B, w, i]
-        stems = _by_end(qb + arrays["ext"], length)  # [B, j, k]: QB[k][j] + w_ext(k, j)
-        batch = qb.shape[0]
-        f5 = jnp.full((batch, length + 1), -jnp.inf, qb.dtype).at[:, 0].set(0)  # f5[:, t] = F5[t-1]
-
-        def position(f5, xs):
-            j, stems_j = xs
-            sr_j = sr.for_diagonal(j)
-            value = sr_j.plus(f5[:, j], sr_j.sum(f5[:, :length] + stems_j, axis=1))
-            return f5.at[:, j + 1].set(value), None
-
-        f5, _ = jax.lax.scan(position, f5, (jnp.arange(length), jnp.swapaxes(stems, 0, 1)))
-        return f5[jnp.arange(batch), jnp.clip(lengths, 0, length)]
-
-
-def _by_end(cells, length):
-    """[B, L(w), L(i)] width layout -> [B, L(j), L(k)] with the cell (k, j) (-inf where k > j)."""
-    batch = cells.shape[0]
-    # cell (k, k + w) -> flat index k * (L + 1) + w of a [k, w] array = k * L + (k + w) of [k, j].
-    by_start = jnp.swapaxes(cells, 1, 2)  # [B, k, w]
-    flat = jnp.pad(by_start, ((0, 0), (0, 0), (0, 1))).reshape(batch, length * (length + 1))
-    matrix = flat[:, : length * length].reshape(batch, length, length)  # [k, j] for j >= k
-    lower = np.arange(length)[:, None] > np.arange(length)[None, :]
-    matrix = jnp.where(lower, -jnp.inf, matrix)
-    return jnp.swapaxes(matrix, 1, 2)
+        """F5[n-1] per sequence (0 for an empty one)."""
+        f5 = arrays["F5"][:, 0]
+        return f5[jnp.arange(f5.shape[0]), jnp.clip(lengths, 0, length)]
