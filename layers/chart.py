@@ -114,7 +114,7 @@ def auto_num_chunks(length: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class View:
-    """A slice ``array[:, row : row + rows, col : col + cols]`` read by a step.
+    """A slice ``array[..., row : row + rows, col : col + cols]`` read by a step (all leading axes).
 
     ``row`` and ``col`` may be traced (they depend on the diagonal); ``rows`` and
     ``cols`` are static. Out-of-range starts are clamped like ``lax.dynamic_slice``
@@ -128,21 +128,28 @@ class View:
     cols: int
 
 
+# Arrays are [B, ..., rows, cols]: views and row writes address the last two axes and keep
+# the leading ones (e.g. several per-cell score arrays stacked on an axis, read at once).
+
+def _start(array, row, col):
+    return (0,) * (array.ndim - 2) + (row, col)
+
+
 def _read(array, view: View):
-    return lax.dynamic_slice(array, (0, view.row, view.col), (array.shape[0], view.rows, view.cols))
+    return lax.dynamic_slice(array, _start(array, view.row, view.col), array.shape[:-2] + (view.rows, view.cols))
 
 
 def _read_row(array, row, col, width):
-    return lax.dynamic_slice(array, (0, row, col), (array.shape[0], 1, width))[:, 0]
+    return lax.dynamic_slice(array, _start(array, row, col), array.shape[:-2] + (1, width))[..., 0, :]
 
 
 def _put_row(array, values, row, col):
-    return lax.dynamic_update_slice(array, values[:, None].astype(array.dtype), (0, row, col))
+    return lax.dynamic_update_slice(array, values[..., None, :].astype(array.dtype), _start(array, row, col))
 
 
 def _add_block(array, values, row, col):
-    block = lax.dynamic_slice(array, (0, row, col), values.shape)
-    return lax.dynamic_update_slice(array, block + values, (0, row, col))
+    block = lax.dynamic_slice(array, _start(array, row, col), values.shape)
+    return lax.dynamic_update_slice(array, block + values, _start(array, row, col))
 
 
 # --------------------------------------------------------------- the engine

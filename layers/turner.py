@@ -290,9 +290,9 @@ def cell_scores(params, tokens, lengths, phi=None, *, min_hairpin=3, pf=True, en
     per_cell = {"pair": pair, "hairpin": hairpin, "stack": stack, "bulge1_5": bulge1_5, "bulge1_3": bulge1_3,
                 "int11": int11, "int12": int12, "int21": int21, "int22": int22, **outer,
                 "ml_close": ml_close, "ml_stem": ml_stem, "ext": w(ext_energy)}
-    # Packed along the columns, so that a diagonal reads all its cells' scores with one slice;
+    # Stacked on an axis, so that a diagonal reads all its cells' scores with one slice;
     # the exterior-loop stems once more by span end (a column per end position, as in QBr).
-    arrays = {"cells": jnp.concatenate([per_cell[k] for k in CELL_ARRAYS], axis=2),
+    arrays = {"cells": jnp.stack([per_cell[k] for k in CELL_ARRAYS], axis=1),  # [B, field, L(d), L(i)]
               "ext_r": _to_end_layout(per_cell["ext"], length, end_pad)}
     # Inner-pair arrays in the QB charts' coordinates (see TurnerGrammar.init_charts).
     # The log semiring sums loop lengths as matrix products in linear space (see _loop_sums).
@@ -335,14 +335,19 @@ def _to_end_layout(cells, length, end_pad):
 def _shifted_rows(values, first_shift, width):
     """values [B, R, K] -> [B, R, width] with row r read from column first_shift + r.
 
-    A pad and reshape instead of R slices: row r of the flattened [R, K + 1] array starts r
-    elements later, so its transpose (the gradient) is a reshape too.
+    A pad and reshape instead of R slices or a gather: row r of the flattened [R, K + 1]
+    array starts r elements later, so its transpose (the gradient) is a reshape too (a
+    gather's transpose is a slow scatter-add on CPU).
     """
     batch, rows, cols = values.shape
+    if rows == 1:
+        return values[:, :, first_shift : first_shift + width]
+    values = jax.lax.optimization_barrier(values)
     flat = jnp.pad(values, ((0, 0), (0, 0), (0, 1))).reshape(batch, rows * (cols + 1))
     flat = jnp.pad(flat, ((0, 0), (0, rows)))
-    shifted = flat.reshape(batch, rows, cols + 2)
-    return shifted[:, :, first_shift : first_shift + width]
+    # Materialised on both sides, in both passes: the transpose's index arithmetic fused
+    # with its neighbours' was ~30x slower than this plain copy (measured).
+    return jax.lax.optimization_barrier(flat.reshape(batch, rows, cols + 2)[:, :, first_shift : first_shift + width])
 
 
 @jax.custom_jvp
@@ -367,8 +372,9 @@ def _linear_window(qb):
     return jnp.exp(qb - top), top
 
 
-def _loop_sums(sr, lengths_table, qb, inner, linear=None):
-    """``V[r, c] = (+)_rho len[r, rho] + qb[rho, c] + inner[rho, c]`` -> [B, R, K].
+def _loop_sums(sr, lengths_table, qb, inner, linear, first_shift, width):
+    """``V[r, i] = (+)_rho len[r, rho] + qb[rho, c] + inner[rho, c]`` at ``c = i + first_shift + r``
+    -> [B, R, width] (row r of a block sums the loops whose inner pair starts at that column).
 
     ``inner`` is in linear space (``exp`` of the log-weights: the inputs of the log
     semiring, also used by the sampling semiring) or in log space (the max semiring's). In
@@ -385,10 +391,13 @@ def _loop_sums(sr, lengths_table, qb, inner, linear=None):
         a_top = jax.lax.stop_gradient(_finite_or_zero(jnp.max(lengths_table, axis=2, keepdims=True)))
         total = jnp.einsum("brw,bwk->brk", jnp.exp(lengths_table - a_top), window * inner,
                            precision=jax.lax.Precision.HIGHEST)
-        return _log_or_neg_inf(total) + a_top + b_top
+        rows = total.shape[1]
+        b_top = _shifted_rows(jnp.broadcast_to(b_top, (b_top.shape[0], rows, b_top.shape[2])), first_shift, width)
+        # Shifted before the log: only the cells' own columns are logged.
+        return _log_or_neg_inf(_shifted_rows(total, first_shift, width)) + a_top + b_top
     if sr.name == "sample":
         inner = jnp.log(inner)
-    return sr.matmul(lengths_table, qb + inner)
+    return _shifted_rows(sr.matmul(lengths_table, qb + inner), first_shift, width)
 
 
 def _unpack_ml(row, length, width):
@@ -446,7 +455,7 @@ class TurnerGrammar:
         lo = self.split_lo
         # Exterior stems (k, d) need k <= d - h - 1; rows = d1 - 2h - 3 for the chunk's last d1.
         stems = rows + self.min_hairpin + 1
-        cell = {"cells": View("cells", d, 0, 1, len(CELL_ARRAYS) * length)}
+        cell = {"cells": View("cells", d, 0, 1, width)}
         window = {
             "qb_start": View("QBs", d, 0, WINDOW, width + WINDOW),  # widths d-32 .. d-2
             "qb_end": View("QBr", length - d + 2, d, WINDOW, width + WINDOW),
@@ -472,14 +481,12 @@ class TurnerGrammar:
 
     def pair_marks(self, arrays):
         """[B, L(d), L(i)]: the adjoint of the pair scores (added once per pair) marks the pairs."""
-        cells = arrays["cells"]
-        length = cells.shape[1]
-        return cells[:, :, CELL_ARRAYS.index("pair") * length : (CELL_ARRAYS.index("pair") + 1) * length]
+        return arrays["cells"][:, CELL_ARRAYS.index("pair")]
 
     def step(self, sr, d, views, consts, *, known, exact, length):
         del exact
         batch, width = views["qm_left"].shape[0], views["qm_left"].shape[2]
-        packed = views["cells"][:, 0].reshape(batch, len(CELL_ARRAYS), length)[:, :, :width]
+        packed = views["cells"][:, :, 0]  # [B, field, width]
         cell = {name: packed[:, k] for k, name in enumerate(CELL_ARRAYS)}
         neg_inf = jnp.array(-jnp.inf, packed.dtype)
         ml_rows = views["ml"].reshape(batch, 2, len(ML_SEGMENTS), length + 1)  # widths d-2, d-1
@@ -510,17 +517,17 @@ class TurnerGrammar:
                                          ("1n_start", "outer_1n", "inner_1n"),
                                          ("bulge_start", "outer_bulge", "inner_bulge")):
             fixed = BLOCKS[block][1]
-            loops = _loop_sums(sr, consts[f"len_{block}"], qb_start, views[inner_name], lin_start)  # [B, rows, K]
             # Row r (l1 = fixed[r]) reads the inner pair at column i + l1 + 1.
-            shifted = _shifted_rows(loops, fixed[0] + 1, width) if len(fixed) > 1 else \
-                loops[:, :, fixed[0] + 1 : fixed[0] + 1 + width]
-            parts.append(cell[outer] + (sr.sum(shifted, axis=1) if len(fixed) > 1 else shifted[:, 0]))
+            loops = _loop_sums(sr, consts[f"len_{block}"], qb_start, views[inner_name], lin_start,
+                               fixed[0] + 1, width)  # [B, rows, width]
+            parts.append(cell[outer] + (sr.sum(loops, axis=1) if len(fixed) > 1 else loops[:, 0]))
         for block, outer, inner_name in (("1n_end", "outer_1n", "inner_1n_r"),
                                          ("bulge_end", "outer_bulge", "inner_bulge_r")):
             (l2,) = BLOCKS[block][1]
-            loops = _loop_sums(sr, consts[f"len_{block}"], qb_end, views[inner_name], lin_end)  # [B, 1, K]
             # The end window's column of cell i's inner pair (k, j - l2 - 1) is i + 30 - l2.
-            parts.append(cell[outer] + loops[:, 0, MAX_LOOP - l2 : MAX_LOOP - l2 + width])
+            loops = _loop_sums(sr, consts[f"len_{block}"], qb_end, views[inner_name], lin_end,
+                               MAX_LOOP - l2, width)  # [B, 1, width]
+            parts.append(cell[outer] + loops[:, 0])
         qi = sr.sum(jnp.stack(parts, axis=1), axis=1, known=known.get("QI"))
 
         seg = {name: k for k, name in enumerate(ML_SEGMENTS)}
