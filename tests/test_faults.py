@@ -47,6 +47,13 @@ STEPS = 30
 # ----------------------------------------------------------------------------------- helpers
 
 
+def _error_line(stderr):
+    """The program's own last error line: Orbax's reports come before it, and interpreter-exit warnings
+    (e.g. an un-awaited coroutine of an aborted save) may follow it."""
+    lines = [line for line in stderr.splitlines() if line.startswith("foldax ")]
+    return lines[-1] if lines else stderr.strip()[-500:]
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     from test_train import write_dataset
@@ -235,7 +242,7 @@ def test_no_checkpoint_restores(files, baseline, tmp_path, capsys):
 
     failed = _run(_command(files, workdir))
     assert failed.returncode == 1
-    message = failed.stderr.strip().splitlines()[-1]
+    message = _error_line(failed.stderr)
     assert message.startswith("foldax train: error: no checkpoint") and "tried: step 30" in message
     assert "step 20" in message and "step 10" in message and "moved to" in message
     assert sorted(p.name for p in (workdir / "damaged_checkpoints").iterdir() if p.is_dir()) == ["10", "20", "30"]
@@ -286,7 +293,7 @@ def test_disk_fills_during_save_tmpfs(files, baseline, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     full_err = (tmp_path / "full.err").read_text()
     assert (tmp_path / "full.rc").read_text().strip() == "1", full_err[-3000:]
-    message = full_err.strip().splitlines()[-1]  # the last word, after Orbax's own (one-line) reports
+    message = _error_line(full_err)
     found = re.match(r"foldax train: error: could not write the checkpoint of step (\d+) to .*No space left on "
                      r"device.*the latest complete checkpoint is step (\d+) ", message)
     assert found, full_err[-3000:]
@@ -322,7 +329,7 @@ def test_disk_fills_during_save_patched_writer(files, baseline, tmp_path):
     workdir = tmp_path / "run"
     full = _run([sys.executable, str(Path(__file__)), "disk-full-at", "20", "--", *_train_args(files, workdir)])
     assert full.returncode == 1
-    message = full.stderr.strip().splitlines()[-1]
+    message = _error_line(full.stderr)
     assert message.startswith("foldax train: error: could not write the checkpoint of step 20")
     assert "No space left on device" in message and "the latest complete checkpoint is step 10" in message
     assert _steps(workdir) == [10] and _all_verify(workdir)
@@ -346,7 +353,7 @@ def test_second_trainer_on_the_same_workdir_refuses(files, baseline, tmp_path):
     second = _run(_command(files, workdir))
     assert first.poll() is None, "the first trainer ended before the second one started"
     assert second.returncode == 1
-    message = second.stderr.strip().splitlines()[-1]
+    message = _error_line(second.stderr)
     assert message.startswith("foldax train: error: another foldax train") and f"pid {first.pid}" in message
 
     out, err = first.communicate(timeout=600)
@@ -364,7 +371,7 @@ def test_resume_with_changed_model(files, baseline, tmp_path):
     before = {p.relative_to(workdir): p.read_bytes() for p in (workdir / "checkpoints").rglob("*") if p.is_file()}
     refused = _run(_command(files, workdir, "--config.model.name=neural"))
     assert refused.returncode == 1
-    message = refused.stderr.strip().splitlines()[-1]
+    message = _error_line(refused.stderr)
     assert message.startswith("foldax train: error:") and "model.name 'stacking' -> 'neural'" in message
     assert f"--config.init={workdir}" in message
     after = {p.relative_to(workdir): p.read_bytes() for p in (workdir / "checkpoints").rglob("*") if p.is_file()}
@@ -388,7 +395,7 @@ def test_nan_loss_at_a_step(files, baseline, tmp_path):
     workdir = tmp_path / "run"
     diverged = _run(_command(files, workdir), env=_env_with(FOLDAX_TEST_NAN_AT_STEP=25))
     assert diverged.returncode == 1
-    message = diverged.stderr.strip().splitlines()[-1]
+    message = _error_line(diverged.stderr)
     assert "non-finite loss nan" in message and "at step 25" in message and "(step 20)" in message
     assert _steps(workdir) == [10, 20] and _all_verify(workdir)
 
@@ -588,7 +595,7 @@ def test_fuzzed_training_data_on_the_command_line(tmp_path, capsys):
                               str(tmp_path / f"w{tried}"), f"--config.data.train_files={path}"])
         err = capsys.readouterr().err
         assert rc == 1 and "Traceback" not in err, err
-        assert err.strip().splitlines()[-1].startswith(f"foldax train: error: {path}:"), err
+        assert _error_line(err).startswith(f"foldax train: error: {path}:"), err
         if tried == 25:
             break
     assert tried == 25
