@@ -21,6 +21,24 @@ structure of its sequence raises :class:`layers.dotbracket.StructureError` (a
 ``ValueError``) naming the sequence and position. Under ``jit`` with a traced
 table no error can be raised: the result is ``-inf`` instead (the log of the
 probability 0 the model gives it), with finite, all-zero gradients.
+
+Compiler note (issue 10). An earlier version read the neighbours ``pt[i + 1]`` and
+``x[i + 1]`` as shifted copies (``pt[:, 1:]``). XLA:CPU fuses such a copy with the
+gathers through ``pt`` into one loop, and with AVX2 code generation LLVM's loop
+vectorizer miscompiles that loop (the 8 lanes of ``pt[i + 1]`` become one element
+broadcast). Forward-only calls with one row per device -- every ``[n]`` call,
+``foldax fold`` of a single sequence, an evaluation with one row per device --
+without ``phi`` returned wrong scores for most lengths >= 33, while
+``value_and_grad`` (training) compiled right. Seen with jaxlib 0.11.1 - 0.12.0.1 on
+CPUs with AVX2 but without AVX-512 (or with ``XLA_FLAGS=--xla_cpu_max_isa=AVX2``);
+jaxlib 0.7.0 - 0.11.0 and AVX-512 code generation were right (GPUs compile
+differently: not checked). Every lookup here is now a gather at a data-dependent
+index (see :func:`_batched_score`), and ``tests/test_compiled_reference.py`` checks
+the compiled functions against float64 references under AVX2 code generation.
+Should a jaxlib miscompile some other program this way,
+``XLA_FLAGS=--xla_backend_optimization_level=1`` (LLVM at ``-O1``) avoided this
+bug, at some cost in speed; ``tests/test_xla_regression.py`` keeps a plain-JAX
+reproduction (a strict ``xfail`` while jaxlib has the bug).
 """
 
 from __future__ import annotations

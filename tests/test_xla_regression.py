@@ -67,7 +67,7 @@ def _run(script: str, xla_flags: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-needs_avx2 = pytest.mark.skipif(not _has_avx2(), reason="the miscompilation needs AVX2 code generation (x86-64 with AVX2)")
+needs_avx2 = pytest.mark.skipif(not _has_avx2(), reason="the bug needs AVX2 code generation (an x86-64 CPU with AVX2)")
 
 
 @needs_avx2
