@@ -3,13 +3,14 @@
 Issue 10: ``structure_score`` was wrong under ``jit`` for most inputs of length >= 33,
 while every test at small ``n`` passed, because XLA:CPU miscompiled its loop with AVX2
 code generation (see ``tests/test_xla_regression.py``). The code XLA emits depends on
-the CPU's vector ISA, the shapes and the number of devices, so every check here runs
+the CPU's vector ISA, the shapes and the number of devices, so the checks run
 
 * in this process (the host's own code generation, one device), and
-* in a subprocess with AVX2 code generation and two CPU devices
+* in a subprocess with AVX2 code generation (on x86-64 CPUs that have it, AVX-512 ones
+  included) and two CPU devices
   (``XLA_FLAGS=--xla_cpu_max_isa=AVX2 --xla_force_host_platform_device_count=2``),
-  where each check also runs with the batch sharded over both devices (automatic and
-  explicit meshes).
+  where they also run with the batch sharded over both devices (automatic and explicit
+  meshes) and the training and evaluation steps get one row per device.
 
 The references share no code with the engine: a plain loop over the pairs
 (:func:`layers.reference.structure_score_reference`), the grammar's recursion in float64
@@ -17,10 +18,14 @@ NumPy (:func:`reference_log_z`, checked here against the cell-by-cell loops of
 :func:`layers.reference.reference_log_partition`) and the brute force over all structures.
 Only public functions are called (``layers.*``, ``model.*``, ``train.*``).
 
-The default run checks a few representative cases; ``-m slow`` sweeps parameter scales
-(std 0.1, 1, 2, 5), lengths 1..500 in several buckets, ``min_hairpin`` 0, 1, 3, 5,
-float32 and float64, with and without ``phi``, plain ``jit``, ``vmap``, batches with mixed
-lengths, sharding and the training and evaluation steps.
+The default run checks a few representative cases (``FAST``: all of them in the
+subprocess, the cheapest in this process); ``-m slow`` sweeps (``SLOW``, in both) parameter
+scales (std 0.1, 1, 2, 5), lengths 1..500 in several buckets, ``min_hairpin`` 0, 1, 3, 5,
+float32 and float64, IUPAC letters, with and without ``phi``, ``[n]`` calls, plain ``jit``,
+``vmap``, batches with mixed lengths, sharding and the training and evaluation steps.
+Every check failed (under AVX2 code generation) before the fix of issue 10, except the
+training step's loss and gradient, which XLA compiled right (the decoders' checks fail
+through ``structure_score`` of the best structure).
 
 Run a case set by hand: ``python tests/test_compiled_reference.py fast`` (or ``slow``; optionally
 followed by the checks to run: ``scores``, ``steps``, ``decoders``), with the ``XLA_FLAGS`` to try.
@@ -29,7 +34,6 @@ followed by the checks to run: ``scores``, ``steps``, ``decoders``), with the ``
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import subprocess
 import sys
