@@ -166,10 +166,11 @@ def _prepare(params, tokens, pair_table, lengths, phi, min_hairpin):
     params = check_params(params)
     tokens, lengths, phi, batched = _check_inputs(tokens, lengths, phi, min_hairpin)
     pair_table = _check_pair_table(pair_table, tokens.shape, lengths, int(min_hairpin), batched)
-    if is_energy_params(params):
+    if is_energy_params(params) and all(_is_concrete(a) for a in (tokens, pair_table, lengths)):
         from layers.free_energy import check_turner_tables
 
-        check_turner_tables(params, tokens, pair_table, lengths, int(min_hairpin))
+        # On host copies: the check's gathers cannot take a batch sharded over an explicit mesh.
+        check_turner_tables(params, *(np.asarray(a) for a in (tokens, pair_table, lengths)), int(min_hairpin))
     return params, tokens, pair_table, lengths, phi, batched
 
 

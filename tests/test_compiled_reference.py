@@ -34,6 +34,7 @@ followed by the checks to run: ``scores``, ``steps``, ``decoders``), with the ``
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import subprocess
 import sys
@@ -188,7 +189,7 @@ ALL = ("batched", "jit", "vmap", "sharded", "single")
 class Case:
     """One input set and what to check on it (``variants``: see :func:`run_variants`)."""
 
-    check: str  # "scores" | "steps" | "decoders"
+    check: str  # "scores" | "steps" | "decoders" | "turner" (layers.turner2004 and ViennaRNA)
     lengths: tuple  # one per batch row (an even number of rows: sharding halves the batch)
     L: int  # padded length (a bucket)
     scale: float = 1.0  # std of the random params (and of phi)
@@ -201,7 +202,7 @@ class Case:
     engine_variants: tuple = ("batched",)  # of the functions that compile the DP (~5-15 s each)
     log_prob: bool = True  # scores: also log_prob
     model: str = "stacking"  # steps: "stacking" | "neural"
-    samples: int = 0  # decoders: exact samples per sequence to check (0: none)
+    samples: int = 0  # decoders: exact samples per sequence to check (0: none); turner: sampled structures
 
     @property
     def id(self):
@@ -254,6 +255,10 @@ SLOW = [
         ((256, 255, 200, 129), 256, 1.0, 1, False, "float32", ("batched",), 0),
         ((500, 333), 512, 2.0, 3, False, "float32", ("batched",), 0),
     ])
+] + [
+    # Turner 2004 energies (sampled structures; each program compiles for ~10-40 s).
+    Case("turner", (128, 76), L=128, seed=300, single=(128, 76), variants=("batched", "sharded", "single"),
+         samples=1),
 ]
 
 # --------------------------------------------------------------------------- checks
@@ -545,7 +550,57 @@ def check_samples(case, inputs, probs):
         assert np.all(np.abs(freq - P) <= bound), f"samples row {b}: pair {worst}: {freq[worst]} vs P {P[worst]}"
 
 
-CHECKS = {"scores": check_scores, "steps": check_steps, "decoders": check_decoders}
+def check_turner(case):
+    """Turner 2004 parameters: structure_score, free_energy, max_score, best_structure and
+    log_partition against ViennaRNA (MFE, partition function, eval of sampled structures)."""
+    import RNA  # the test extra viennarna
+
+    params = layers.turner2004(np.dtype(case.dtype))
+    rng = np.random.default_rng(case.seed)
+    RNA.init_rand(case.seed)
+    md = RNA.md()
+    md.uniq_ML, md.pf_smooth = 1, 0  # sampling; no smoothing (as layers.ensemble_free_energy)
+    seqs = ["".join(rng.choice(list(NUCLEOTIDES), n)) for n in case.lengths]
+    mfe, log_z, structures = [], [], []
+    for seq in seqs:
+        fc = RNA.fold_compound(seq, md)
+        db, energy = fc.mfe()
+        fc.exp_params_rescale(energy)
+        _, ensemble = fc.pf()
+        mfe.append(energy)
+        log_z.append(-ensemble / layers.KT)
+        structures.append(fc.pbacktrack() if case.samples else db)
+    expected = np.array([-RNA.fold_compound(seq, md).eval_structure(db) / layers.KT
+                         for seq, db in zip(seqs, structures)])
+    tokens, lengths = layers.encode_batch(seqs, buckets=(case.L,))
+    tables = np.full(tokens.shape, -1, np.int32)
+    for b, db in enumerate(structures):
+        tables[b, : len(db)] = layers.from_dot_bracket(db)
+    inputs = Inputs(params, np.asarray(tokens), tables, np.asarray(lengths), None, case.min_hairpin)
+    atol = 1e-5 * (1.0 + np.abs(expected)) + 1e-4
+
+    def score(p, x, t, n, f):
+        return layers.structure_score(p, x, t, n, min_hairpin=case.min_hairpin)
+
+    _per_row(run_variants(score, inputs, case.variants, case.single), expected, "Turner structure_score", atol)
+    energies = layers.free_energy(params, inputs.tokens, tables, inputs.lengths)
+    _assert_close("free_energy", np.asarray(energies) / -layers.KT, expected, atol)
+    for b in range(len(seqs)):
+        x, t, _ = inputs.row(b)
+        _assert_close(f"free_energy [single row {b}]", layers.free_energy(params, x, t) / -layers.KT, expected[b],
+                      atol[b])
+    kw = dict(min_hairpin=case.min_hairpin)
+    best_ref = -np.array(mfe) / layers.KT
+    atol = 1e-5 * (1.0 + np.abs(np.array(log_z))) + 1e-3
+    _assert_close("Turner max_score", layers.max_score(params, inputs.tokens, inputs.lengths, **kw), best_ref, atol)
+    best = np.asarray(layers.best_structure(params, inputs.tokens, inputs.lengths, **kw))
+    _assert_close("free_energy(best_structure)", layers.free_energy(params, inputs.tokens, best, inputs.lengths),
+                  mfe, 1e-3)
+    _assert_close("Turner log_partition", layers.log_partition(params, inputs.tokens, inputs.lengths, **kw), log_z,
+                  atol)
+
+
+CHECKS = {"scores": check_scores, "steps": check_steps, "decoders": check_decoders, "turner": check_turner}
 
 
 def run_case(case):
@@ -587,6 +642,8 @@ def test_compiled_matches_reference(case):
 @pytest.mark.slow
 @pytest.mark.parametrize("case", SLOW, ids=[c.id for c in SLOW])
 def test_compiled_matches_reference_sweep(case):
+    if case.check == "turner":
+        pytest.importorskip("RNA")
     run_case(case)
 
 
@@ -625,6 +682,9 @@ def main(case_set, *checks):
     for case in cases:
         try:
             start = time.perf_counter()
+            if case.check == "turner" and importlib.util.find_spec("RNA") is None:
+                print(f"skipped {case.id} (ViennaRNA is not installed)", flush=True)
+                continue
             run_case(case)
             print(f"ok      {case.id} ({time.perf_counter() - start:.1f} s)", flush=True)
         except Exception:  # report every case, then fail
