@@ -21,6 +21,24 @@ structure of its sequence raises :class:`layers.dotbracket.StructureError` (a
 ``ValueError``) naming the sequence and position. Under ``jit`` with a traced
 table no error can be raised: the result is ``-inf`` instead (the log of the
 probability 0 the model gives it), with finite, all-zero gradients.
+
+Compiler note (issue 10). An earlier version read the neighbours ``pt[i + 1]`` and
+``x[i + 1]`` as shifted copies (``pt[:, 1:]``). XLA:CPU fuses such a copy with the
+gathers through ``pt`` into one loop, and with AVX2 code generation LLVM's loop
+vectorizer miscompiles that loop (the 8 lanes of ``pt[i + 1]`` become one element
+broadcast). Forward-only calls with one row per device -- every ``[n]`` call,
+``foldax fold`` of a single sequence, an evaluation with one row per device --
+without ``phi`` returned wrong scores for most lengths >= 33, while
+``value_and_grad`` (training) compiled right. Seen with jaxlib 0.11.1 - 0.12.0.1 on
+CPUs with AVX2 but without AVX-512 (or with ``XLA_FLAGS=--xla_cpu_max_isa=AVX2``);
+jaxlib 0.7.0 - 0.11.0 and AVX-512 code generation were right (GPUs compile
+differently: not checked). Every lookup here is now a gather at a data-dependent
+index (see :func:`_batched_score`), and ``tests/test_compiled_reference.py`` checks
+the compiled functions against float64 references under AVX2 code generation.
+Should a jaxlib miscompile some other program this way,
+``XLA_FLAGS=--xla_backend_optimization_level=1`` (LLVM at ``-O1``) avoided this
+bug, at some cost in speed; ``tests/test_xla_regression.py`` keeps a plain-JAX
+reproduction (a strict ``xfail`` while jaxlib has the bug).
 """
 
 from __future__ import annotations
@@ -70,12 +88,15 @@ def _validity(pt, lengths, min_hairpin):
     """[B] bool: each (already length-masked) table is a valid nested structure.
 
     Nesting in O(L): with ``c[k]`` the number of opening minus closing positions
-    before ``k``, a symmetric table is nested iff ``c[i] == c[j + 1]`` for every
-    pair. (Within a pair's span, pairs leaving to the right count +1 and to the
-    left -1; the crossing pair with the smallest opening position is crossed only
-    from the right, so some pair has a nonzero count whenever two pairs cross.)
+    up to and including ``k``, a symmetric table is nested iff
+    ``c[i] - 1 == c[j]`` for every pair ``(i, j)``, ``i < j`` (the depth just
+    before ``i`` equals the depth just after ``j``). (Within a pair's span,
+    pairs leaving to the right count +1 and to the left -1; the crossing pair
+    with the smallest opening position is crossed only from the right, so some
+    pair has a nonzero count whenever two pairs cross.) Every lookup is a
+    gather at a data-dependent index, none a shifted copy (see :func:`_batched_score`).
     """
-    batch, length = pt.shape
+    _, length = pt.shape
     idx = jnp.arange(length)
     active = idx < lengths[:, None]
     partner = jnp.clip(pt, 0, max(length - 1, 0))
@@ -85,41 +106,59 @@ def _validity(pt, lengths, min_hairpin):
     long_enough = jnp.abs(pt - idx) > min_hairpin
     opens = paired & (pt > idx)
     closes = paired & (pt < idx)
-    depth = jnp.concatenate(
-        [jnp.zeros((batch, 1), jnp.int32), jnp.cumsum(opens.astype(jnp.int32) - closes, axis=1)], axis=1
-    )
-    nested = ~opens | (depth[:, :length] == jnp.take_along_axis(depth, partner + 1, axis=1))
+    depth = jnp.cumsum(opens.astype(jnp.int32) - closes, axis=1)  # inclusive: after position k
+    nested = ~opens | (depth - 1 == jnp.take_along_axis(depth, partner, axis=1))
     ok = in_range & (~paired | (symmetric & long_enough & nested))
     return jnp.all(ok | ~active, axis=1)
 
 
+def _flat_lookup(table, indices):
+    """``table[i0, i1, ...]`` as one gather from the flattened table (indices in range)."""
+    flat = indices[0]
+    for size, index in zip(table.shape[1:], indices[1:]):
+        flat = flat * size + index
+    return jnp.take(table.reshape(-1), flat, mode="clip")
+
+
 @functools.partial(jax.jit, static_argnames=("min_hairpin",))
 def _batched_score(params, tokens, pair_table, lengths, phi, *, min_hairpin):
-    """(score [B], valid [B]) for batched inputs; score is finite even when invalid."""
+    """(score [B], valid [B]) for batched inputs; score is finite even when invalid.
+
+    Every lookup is a gather at a data-dependent index (the partner ``j = pt[i]``,
+    ``j - 1`` and its partner), never a copy shifted by one position (``pt[i + 1]``,
+    ``x[i + 1]``): XLA:CPU fuses such a shifted copy with the gathers into one loop,
+    and on AVX2 code generation (jaxlib 0.11.1 - 0.12.0.1 at least) LLVM's loop
+    vectorizer miscompiles that loop -- it loads one element of ``pt[i + 1]`` for
+    all 8 lanes -- so the stacked-pair terms came out wrong for lengths >= 33
+    (see the module docstring and ``tests/test_xla_regression.py``). The pair
+    ``(i, j)`` stacks on ``(i + 1, j - 1)`` iff ``pt[j - 1] == i + 1``, and then
+    ``x_{i+1} = x[pt[j - 1]]``: the same quantities, from gathers only.
+    """
     dtype = _result_dtype(params)
-    batch, length = tokens.shape
+    _, length = tokens.shape
     idx = jnp.arange(length)
     active = idx < lengths[:, None]
     pt = jnp.where(active, pair_table, -1)  # entries past the length are ignored
     valid = _validity(pt, lengths, min_hairpin)
 
     x = jnp.clip(tokens, 0, NUM_TOKENS - 1)
-    j = jnp.clip(pt, 0, max(length - 1, 0))  # clipped gathers keep invalid tables finite
-    padded = jnp.concatenate([x, jnp.full((batch, 1), NUM_TOKENS - 1, x.dtype)], axis=1)
-    x_j = jnp.take_along_axis(x, j, axis=1)
-    x_jm1 = jnp.take_along_axis(x, jnp.maximum(j - 1, 0), axis=1)
-    x_ip1 = padded[:, 1:]
+    last = max(length - 1, 0)
+    j = jnp.clip(pt, 0, last)  # clipped gathers keep invalid tables finite
+    jm1 = jnp.maximum(j - 1, 0)
+    inner = jnp.take_along_axis(pt, jm1, axis=1)  # partner of j - 1
     opens = pt > idx
-    pt_next = jnp.concatenate([pt[:, 1:], jnp.full((batch, 1), -1, pt.dtype)], axis=1)
-    stacked = opens & (pt_next == pt - 1) & (pt - 1 > idx + 1)
+    stacked = opens & (inner == idx + 1) & (jm1 > idx + 1)
+    x_j = jnp.take_along_axis(x, j, axis=1)
+    x_jm1 = jnp.take_along_axis(x, jm1, axis=1)
+    x_ip1 = jnp.take_along_axis(x, jnp.clip(inner, 0, last), axis=1)  # = x_{i+1} where stacked
 
     p = {k: params[k].astype(dtype) for k in ("stack", "pair", "unpaired", "loop")}
-    pair_term = p["pair"][x, x_j]
+    pair_term = _flat_lookup(p["pair"], (x, x_j))
     if phi is not None:
         pair_term = pair_term + jnp.take_along_axis(phi.astype(dtype), j[:, :, None], axis=2)[..., 0]
-    inner = jnp.where(stacked, p["stack"][x, x_j, x_jm1, x_ip1], p["loop"])
-    score = jnp.sum(jnp.where(opens, pair_term + inner, 0), axis=1)
-    score = score + jnp.sum(jnp.where(pt == -1, p["unpaired"][x], 0) * active, axis=1)
+    inner_term = jnp.where(stacked, _flat_lookup(p["stack"], (x, x_j, x_jm1, x_ip1)), p["loop"])
+    score = jnp.sum(jnp.where(opens, pair_term + inner_term, 0), axis=1)
+    score = score + jnp.sum(jnp.where((pt == -1) & active, _flat_lookup(p["unpaired"], (x,)), 0), axis=1)
     return score, valid
 
 
@@ -127,10 +166,11 @@ def _prepare(params, tokens, pair_table, lengths, phi, min_hairpin):
     params = check_params(params)
     tokens, lengths, phi, batched = _check_inputs(tokens, lengths, phi, min_hairpin)
     pair_table = _check_pair_table(pair_table, tokens.shape, lengths, int(min_hairpin), batched)
-    if is_energy_params(params):
+    if is_energy_params(params) and all(_is_concrete(a) for a in (tokens, pair_table, lengths)):
         from layers.free_energy import check_turner_tables
 
-        check_turner_tables(params, tokens, pair_table, lengths, int(min_hairpin))
+        # On host copies: the check's gathers cannot take a batch sharded over an explicit mesh.
+        check_turner_tables(params, *(np.asarray(a) for a in (tokens, pair_table, lengths)), int(min_hairpin))
     return params, tokens, pair_table, lengths, phi, batched
 
 
