@@ -98,9 +98,10 @@ def random_sequence(rng: random.Random, n: int, letters: str = "ACGU") -> str:
 
 
 def special_hairpin_sequence(params, size: int) -> str:
-    """A sequence folding into a helix closed by the first special hairpin of ``size`` letters."""
-    key = min(k for k in params["special_hairpins"] if len(k) == size)
-    return "GGA" + key + "UCC"
+    """A sequence folding into a helix closed by the first special hairpin of ``size`` letters
+    (a plain hairpin of that size if the parameter set has none, e.g. Andronescu 2007 triloops)."""
+    keys = sorted(k for k in params["special_hairpins"] if len(k) == size)
+    return "GGA" + (keys[0] if keys else "C" + "A" * (size - 2) + "G") + "UCC"
 
 
 def soft_constraints(rng: random.Random, seq: str, width: int, *, rate=0.3):
@@ -525,14 +526,14 @@ def test_free_energy_sweep_lengths_1_to_500(RNA):
     got32 = np.asarray(layers.free_energy(layers.turner2004(jnp.float32), tokens, tables, lengths), np.float64)
     np.testing.assert_allclose(got32, expected, rtol=1e-4, atol=1e-4)
     for b in rng.sample(range(len(cases)), 8):  # unbatched: [n] tokens with a scalar length
-        assert float(layers.free_energy(params64, tokens[b], tables[b], lengths[b])) == got[b]
+        assert float(layers.free_energy(params64, tokens[b], tables[b], lengths[b])) == pytest.approx(got[b], abs=1e-12)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("with_phi", [False, True])
 def test_log_partition_equals_brute_force_up_to_18(RNA, turner64, with_phi):
     rng = random.Random(18 + with_phi)
-    seqs = [random_sequence(rng, n, "GGCCAU" if b % 2 else "ACGUN") for b, n in enumerate((15, 15, 16, 16, 17, 17,
+    seqs = [random_sequence(rng, n, "GGCCAU" if b % 3 else "ACGUN") for b, n in enumerate((15, 15, 16, 16, 17, 17,
                                                                                             18, 18))]
     tokens, lengths = padded(seqs, WIDTH, seed=7)
     phi = np.random.default_rng(8).normal(0.0, 1.0, size=(BATCH, WIDTH, WIDTH)) if with_phi else ZEROS
@@ -542,7 +543,7 @@ def test_log_partition_equals_brute_force_up_to_18(RNA, turner64, with_phi):
         structures, weights = vienna_structure_weights(RNA, seq, phi=phi[b])
         total += len(structures)
         assert got[b] == pytest.approx(logsumexp(weights), rel=1e-10, abs=1e-10), seq
-    assert total > 10_000
+    assert total > 3_000
 
 
 @pytest.fixture(scope="module")
@@ -574,6 +575,12 @@ def test_medium_lengths_pf_mfe_bpp_phi(medium_batch):
         np.testing.assert_allclose(energy, [v[1] for v in results], rtol=0, atol=1e-4)
         assert_pair_probs(layers.pair_probs(params64, tokens, lengths, phi=f), [v[3] for v in results], lengths, 1e-6)
         assert_pair_probs(layers.pair_probs(params32, tokens, lengths, phi=f), [v[3] for v in results], lengths, 1e-3)
+        # structure_score gives the partition function's energy: equal to the MFE's unless the
+        # structure has a hairpin > 30 (untruncated there)
+        score = np.asarray(layers.structure_score(params64, tokens, best, lengths, phi=f))
+        long_hairpin = np.array(["." * 31 in layers.to_dot_bracket(t) for t in best])
+        np.testing.assert_allclose(score[~long_hairpin], -mfe[~long_hairpin] / KT, rtol=1e-12, atol=1e-9)
+        np.testing.assert_allclose(score[long_hairpin], -mfe[long_hairpin] / KT, rtol=0, atol=0.01 / KT)
     assert "(" + "." * 45 + ")" in vienna[-1][2]  # a hairpin > 30 in the MFE structure
 
 
@@ -738,17 +745,16 @@ def test_log_prob_gradients(RNA, turner64):
 
 
 @pytest.mark.slow
-def test_second_derivatives(turner64):
-    """jax.grad of a function of pair_probs (w.r.t. the scalar energies) and jax.hessian of
-    log Z w.r.t. the stack table, against central differences of first derivatives."""
+def test_gradient_of_a_function_of_pair_probs(turner64):
+    """jax.grad of SUM M * pair_probs (w.r.t. the scalar energies: second derivatives of log Z)
+    against central differences of pair_probs."""
     tokens, lengths = padded(gradient_sequences(turner64), WIDTH, seed=22)
     base = perturbed(turner64, 6, std=0.3)
-    zeros = ZEROS
-    mask = np.random.default_rng(23).normal(size=zeros.shape)
+    mask = np.random.default_rng(23).normal(size=ZEROS.shape)
     scalars = {k: base[k] for k in ("ml_closing", "ml_intern", "ml_base", "terminal_au", "ninio")}
 
     def probs_objective(s):
-        return jnp.sum(mask * layers.pair_probs({**base, **s}, tokens, lengths, phi=zeros))
+        return jnp.sum(mask * layers.pair_probs({**base, **s}, tokens, lengths, phi=ZEROS))
 
     grad = jax.grad(probs_objective)(scalars)
     eps = 1e-4
@@ -758,20 +764,49 @@ def test_second_derivatives(turner64):
         assert float(grad[key]) == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-7), key
         assert abs(float(grad[key])) > 1e-3, key
 
-    weights = jnp.asarray(np.random.default_rng(24).normal(size=BATCH))
+
+@pytest.mark.slow
+def test_hessian_of_log_partition(turner64):
+    """jax.hessian of log Z w.r.t. the stack table: symmetric, and H v equals central
+    differences of the gradient along random v."""
+    tokens, lengths = padded(gradient_sequences(turner64), WIDTH, seed=24)
+    base = perturbed(turner64, 7, std=0.3)
+    weights = jnp.asarray(np.random.default_rng(25).normal(size=BATCH))
 
     def stack_objective(stack):
         return weighted_log_partition({**base, "stack": stack}, tokens, lengths, weights)
 
     hessian = np.asarray(jax.hessian(stack_objective)(base["stack"])).reshape(36, 36)
+    assert np.isfinite(hessian).all()
     np.testing.assert_allclose(hessian, hessian.T, rtol=1e-9, atol=1e-10)
-    rng = np.random.default_rng(25)
+    rng, eps = np.random.default_rng(26), 1e-4
     for _ in range(3):
         v = rng.normal(size=(6, 6))
         up, down = (np.asarray(grad_log_partition({**base, "stack": base["stack"] + s * eps * v}, tokens, lengths,
                                                   weights)["stack"]) for s in (1, -1))
         np.testing.assert_allclose(hessian @ v.ravel(), ((up - down) / (2 * eps)).ravel(), rtol=1e-5, atol=1e-6)
     assert np.abs(hessian).max() > 1e-2
+
+
+@pytest.mark.slow
+def test_mea_structure_of_turner_pair_probs(RNA, fast_batch, turner64):
+    """mea_structure maximises the expected accuracy SUM 2 gamma P[i,j] + SUM_unpaired q_i, so
+    it scores at least as high as ViennaRNA's MEA structure (fc.MEA) under the same probabilities."""
+    seqs, tokens, lengths, _ = fast_batch
+    probs = np.asarray(layers.pair_probs(turner64, tokens, lengths, phi=ZEROS))
+
+    def accuracy(p, table, gamma):
+        unpaired = 1 - p.sum(axis=1)
+        return sum(2 * gamma * p[i, j] if j > i else unpaired[i] if j < 0 else 0.0 for i, j in enumerate(table))
+
+    for gamma in (1.0, 4.0):
+        mea = np.asarray(layers.mea_structure(probs, lengths, gamma=gamma))
+        for b, seq in enumerate(seqs[1:], start=1):
+            n = len(seq)
+            fc, _, _ = vienna_fold_compound(RNA, seq)
+            theirs = layers.from_dot_bracket(fc.MEA(gamma)[0])
+            p = probs[b, :n, :n]
+            assert accuracy(p, mea[b, :n], gamma) >= accuracy(p, theirs, gamma) - 1e-4, (seq, gamma)
 
 
 # --------------------------------------------------------------------------- #
@@ -791,28 +826,34 @@ def chi_square_p_value(counts, expected, min_expected=5.0):
 
 
 @pytest.mark.slow
-def test_samples_follow_the_boltzmann_distribution(RNA, turner64):
-    """20,000 samples per sequence (with random phi) against exact probabilities from
-    ViennaRNA's eval over every structure."""
+def test_samples_follow_the_boltzmann_distribution(RNA):
+    """4,000 samples per sequence (float32, random phi) against exact probabilities over every
+    structure. The energies are Turner 2004 scaled by 0.3 (a flatter ensemble: more bins), i.e.
+    0.3 x ViennaRNA's eval, since E(s) is linear in the tables. Drawn 1,000 at a time: each
+    Turner sample costs a full outside pass (~10 ms at n = 16), and one call's samples share memory."""
     rng = random.Random(26)
-    seqs = [random_sequence(rng, n, "ACGU") for n in (14, 15, 16)]
-    width, num = 16, 20_000
+    seqs = [random_sequence(rng, 15, "GCAU"), random_sequence(rng, 16, "GCAU")]
+    width, per_call, calls, scale = 16, 1000, 4, 0.3
     tokens, lengths = padded(seqs, width, seed=27)
-    phi = np.random.default_rng(28).normal(0.0, 0.5, size=(len(seqs), width, width))
-    samples = np.asarray(layers.sample_structures(jax.random.key(29), turner64, tokens, num, lengths, phi=phi))
-    assert samples.shape == (len(seqs), num, width) and samples.dtype == np.int32
+    phi = np.random.default_rng(28).normal(0.0, 0.5, size=(len(seqs), width, width)).astype(np.float32)
+    params = perturbed(layers.turner2004(jnp.float32), 0, std=0.0, scale=scale)
+    samples = np.concatenate([
+        np.asarray(layers.sample_structures(jax.random.key(k), params, tokens, per_call, lengths, phi=phi))
+        for k in range(calls)], axis=1)
+    assert samples.shape == (len(seqs), per_call * calls, width) and samples.dtype == np.int32
     for b, seq in enumerate(seqs):
         n = len(seq)
         assert (samples[b, :, n:] == -1).all()
-        structures, weights = vienna_structure_weights(RNA, seq, phi=phi[b])
+        structures, weights = vienna_structure_weights(RNA, seq)
+        weights = scale * weights + np.array([sum(float(phi[b, i, j]) for i, j in s) for s in structures])
         index = {s: k for k, s in enumerate(structures)}
         counts = collections.Counter(tuple((i, int(j)) for i, j in enumerate(t[:n]) if j > i) for t in samples[b])
         assert set(counts) <= set(index), "a sample outside the folding space"
         observed = np.zeros(len(structures))
         for s, c in counts.items():
             observed[index[s]] = c
-        p_value, bins = chi_square_p_value(observed, num * np.exp(weights - logsumexp(weights)))
-        assert bins >= 15 and p_value > 1e-3, (seq, p_value, bins)
+        p_value, bins = chi_square_p_value(observed, samples.shape[1] * np.exp(weights - logsumexp(weights)))
+        assert bins >= 50 and p_value > 1e-3, (seq, p_value, bins)
 
 
 @pytest.mark.slow
