@@ -155,9 +155,10 @@ def vienna_structure_weights(RNA, seq, phi=None, md=None):
     """Every structure of the Turner folding space of ``seq`` with its log-weight
     ``-E(s)/kT + SUM phi`` (E from ViennaRNA's eval; structures it gives INF are left out).
 
-    ViennaRNA's pf equals SUM exp(-eval/kT) except for hairpins > 30 nt (untruncated
-    extrapolation) and 2x3 loops when ninio > max_ninio (see /work/notes/turner_model.md):
-    neither occurs for n <= 18 with ninio <= max_ninio, which the callers ensure."""
+    ViennaRNA's pf equals SUM exp(-eval/kT) except for hairpins > 30 nt (the pf extrapolates
+    their length term untruncated) and 2x3 loops when ninio > max_ninio (the pf caps their
+    ninio term, eval does not): neither occurs for n <= 18 with ninio <= max_ninio, which the
+    callers ensure."""
     fc = RNA.fold_compound(vienna_rna_sequence(seq), md or vienna_md(RNA))
     structures, weights = [], []
     for pairs in enumerate_turner_structures(seq):
@@ -378,7 +379,7 @@ def test_free_energy_equals_vienna_eval(RNA, turner64):
 
 
 # --------------------------------------------------------------------------- #
-# bad input (no compilation)
+# bad input
 # --------------------------------------------------------------------------- #
 
 
