@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_energy_reference import (
+from vienna_helpers import (
     constructed_cases,
     fit_sequence,
     pbacktrack_cases,

@@ -8,8 +8,9 @@ from ``fc.exp_matrices`` (``fc.pf()`` returns a C float). Sequences are given to
 (it does not read T as U when it looks up special hairpins) and with IUPAC codes as they are (it
 reads them as N, like foldax).
 
-The helpers here (``vienna_*``, ``random_shape``, ``fit_sequence``, ``constructed_cases``) are
-shared with tests/test_energy.py.
+The ViennaRNA helpers and case builders (``vienna_*``, ``random_shape``, ``fit_sequence``,
+``constructed_cases``, ...) live in tests/vienna_helpers.py, shared with tests/test_energy.py and
+tests/test_turner.py.
 """
 
 from __future__ import annotations
@@ -31,202 +32,21 @@ from layers.energy_reference import (
     reference_free_energy,
     reference_loop_energies,
 )
+from vienna_helpers import (
+    constructed_cases,
+    fit_sequence,
+    pbacktrack_cases,
+    random_shape,
+    special_hairpin_cases,
+    vienna_ensemble_energy,
+    vienna_eval,
+    vienna_log_q,
+    vienna_md,
+    vienna_pf_energy,
+    vienna_rna_sequence,
+)
 
 jax.config.update("jax_enable_x64", True)
-
-CANONICAL = ("CG", "GC", "GU", "UG", "AU", "UA")
-IUPAC = "NRYKMSWBDHV"
-
-# --------------------------------------------------------------------------- #
-# helpers (also used by tests/test_energy.py)
-# --------------------------------------------------------------------------- #
-
-
-def vienna_md(RNA, *, pf_smooth=0):
-    md = RNA.md()
-    md.uniq_ML = 1  # needed by fc.pbacktrack
-    md.pf_smooth = pf_smooth
-    return md
-
-
-def vienna_rna_sequence(seq: str) -> str:
-    """What to give ViennaRNA for a foldax sequence: upper case, T -> U (IUPAC codes stay)."""
-    return seq.upper().replace("T", "U")
-
-
-def vienna_eval(RNA, seq: str, db: str, md=None) -> float:
-    """ViennaRNA's energy of ``db`` in kcal/mol, exact (integer dcal/mol / 100)."""
-    fc = RNA.fold_compound(vienna_rna_sequence(seq), md or vienna_md(RNA))
-    return fc.eval_structure_pt(RNA.ptable(db)) / 100
-
-
-def vienna_log_q(fc) -> float:
-    """ln Q of a fold compound after ``fc.pf()``, in double precision."""
-    n = fc.length
-    return math.log(fc.exp_matrices.q1k[n] / fc.exp_matrices.scale[n])
-
-
-def vienna_ensemble_energy(RNA, seq: str, md=None) -> float:
-    """-kT ln Q (kcal/mol) of ViennaRNA's partition function, in double precision."""
-    fc = RNA.fold_compound(vienna_rna_sequence(seq), md or vienna_md(RNA))
-    fc.pf()
-    return -fc.exp_params.kT / 1000 * vienna_log_q(fc)
-
-
-def vienna_pf_energy(RNA, seq: str, db: str, md=None) -> float:
-    """The energy ViennaRNA's partition function gives the single structure ``db``: its pf over
-    the hard constraints that allow nothing but ``db``."""
-    fc = RNA.fold_compound(vienna_rna_sequence(seq), md or vienna_md(RNA))
-    fc.hc_add_from_db(db.replace(".", "x"), RNA.CONSTRAINT_DB_DEFAULT | RNA.CONSTRAINT_DB_ENFORCE_BP)
-    fc.pf()
-    return -fc.exp_params.kT / 1000 * vienna_log_q(fc)
-
-
-def _loop_sizes(rng: random.Random, available: int, max_loop: int | None) -> tuple[int, int]:
-    """Unpaired sizes (n1, n2) of an interior loop/bulge: mostly small, sometimes large."""
-    cap = available if max_loop is None else min(available, max_loop)
-    roll = rng.random()
-    if roll < 0.25:
-        n1, n2 = rng.choice([(0, 1), (1, 0), (1, 1), (1, 2), (2, 1), (2, 2), (2, 3), (3, 2)])
-    elif roll < 0.5:
-        n1, n2 = rng.randint(0, 1), rng.randint(3, 8)
-        n1, n2 = (n1, n2) if rng.random() < 0.5 else (n2, n1)
-    elif roll < 0.9:
-        n1, n2 = rng.randint(0, 6), rng.randint(0, 6)
-    else:
-        n1, n2 = rng.randint(0, 40), rng.randint(0, 40)
-    while n1 + n2 > cap:
-        n1, n2 = n1 // 2, n2 // 2
-    return n1, n2  # (0, 0) is a stacked pair
-
-
-def random_shape(rng: random.Random, n: int, *, max_loop: int | None = None) -> str:
-    """A random dot-bracket string of length ``n`` (hairpins >= 3) with every kind of loop:
-    stacks, bulges, 1x1..2x3, 1xn and generic interior loops (larger than 30 unless ``max_loop``),
-    multiloops with 0..several unpaired bases between branches, stems at the sequence ends."""
-
-    def region(m: int, min_stems: int = 0) -> str:
-        """m positions holding unpaired runs and stems (at least min_stems if room)."""
-        out, left, stems = [], m, 0
-        while left > 0:
-            if left < 5 or (stems >= min_stems and rng.random() < 0.15):
-                run = left if left < 5 else rng.randint(0, min(left, 4))
-                out.append("." * run)
-                left -= run
-                if left < 5:
-                    out.append("." * left)
-                    break
-                continue
-            gap = rng.choice([0, 0, 1, 2, 3]) if left > 8 else 0
-            gap = min(gap, left - 5)
-            out.append("." * gap)
-            left -= gap
-            reserve = 5 * max(0, min_stems - stems - 1)
-            size = (
-                rng.randint(5, max(5, left - reserve))
-                if rng.random() < 0.5
-                else min(left - reserve, rng.randint(5, 40))
-            )
-            size = max(5, min(size, left))
-            out.append(stem(size))
-            left -= size
-            stems += 1
-        return "".join(out)
-
-    def stem(m: int) -> str:
-        """A pair enclosing m - 2 positions."""
-        inside = m - 2
-        roll = rng.random()
-        if inside < 5 or roll < 0.12:
-            return "(" + "." * inside + ")"  # hairpin (long ones included)
-        if roll < 0.5:
-            return "(" + stem(inside) + ")"  # stacked pair
-        if roll < 0.8 or inside < 12:
-            n1, n2 = _loop_sizes(rng, inside - 5, max_loop)
-            return "(" + "." * n1 + stem(inside - n1 - n2) + "." * n2 + ")"
-        return "(" + region(inside, min_stems=2) + ")"  # multiloop
-
-    db = region(n)
-    assert len(db) == n, (n, db)
-    return db
-
-
-def fit_sequence(rng: random.Random, db: str, *, odd_rate: float = 0.05) -> str:
-    """A sequence on which ``db`` has canonical pairs only; unpaired bases random over ACGU and,
-    at ``odd_rate``, N or another IUPAC code (or T for U, lower case)."""
-    pt = from_dot_bracket(db)
-    seq = [""] * len(db)
-    for i, j in enumerate(pt.tolist()):
-        if j > i:
-            seq[i], seq[j] = rng.choice(CANONICAL)
-        elif j < 0:
-            seq[i] = rng.choice(IUPAC) if rng.random() < odd_rate else rng.choice("ACGU")
-    if rng.random() < 0.1:
-        seq = [c.lower() if rng.random() < 0.3 else c for c in seq]
-    if rng.random() < 0.1:
-        seq = ["T" if c == "U" else c for c in seq]
-    return "".join(seq)
-
-
-def special_hairpin_cases(params) -> list[tuple[str, str]]:
-    """Every special hairpin alone, inside a helix, and with unpaired flanks."""
-    cases = []
-    for key in params["special_hairpins"]:
-        loop = "(" + "." * (len(key) - 2) + ")"
-        cases += [(key, loop), ("GC" + key + "GC", "((" + loop + "))"), ("A" + key + "UAG", "." + loop + "...")]
-        cases.append(("AGU" + key + "ACU", ".((" + loop + "))."))
-    return cases
-
-
-def constructed_cases(rng: random.Random, *, max_loop: int | None = None, per_kind: int = 1) -> list[tuple[str, str]]:
-    """(sequence, structure) pairs built to hit every loop type: hairpins 3..40 and 100, every
-    interior-loop size (n1, n2) in 0..8 x 0..8 plus large and asymmetric ones, multiloops with
-    2..5 branches and 0..3 unpaired bases between them, exterior stems at either end or both."""
-    shapes = []
-    for u in list(range(3, 41)) + [64, 100]:
-        shapes += ["((" + "." * u + "))", "." + "(" + "." * u + ")", "(" + "." * u + ")" + ".."]
-    sizes = [(a, b) for a in range(9) for b in range(9)] + [
-        (0, 29),
-        (0, 30),
-        (0, 31),
-        (0, 45),
-        (1, 29),
-        (29, 1),
-        (1, 30),
-        (30, 1),
-        (15, 15),
-        (16, 15),
-        (20, 25),
-        (1, 40),
-    ]
-    for n1, n2 in sizes:
-        if max_loop is not None and n1 + n2 > max_loop:
-            continue
-        shapes.append("((" + "." * n1 + "((...))" + "." * n2 + "))")
-        shapes.append("." + "(" + "." * n1 + "(((....)))" + "." * n2 + ")" + ".")
-    for branches in range(2, 6):
-        for gap in range(4):
-            inner = ("." * gap).join(["((...))"] * branches)
-            shapes += ["(" + "." * gap + inner + "." * gap + ")", "(" + inner + ")..", "((" + "." + inner + "))"]
-    shapes += ["(...)(...)", "(...).(...)", "..(...)..(...)..", "((...))((...))", "(((...)))"]
-    cases = []
-    for shape in shapes:
-        for _ in range(per_kind):
-            cases.append((fit_sequence(rng, shape), shape))
-    return cases
-
-
-def pbacktrack_cases(RNA, rng: random.Random, lengths, samples: int, md=None) -> list[tuple[str, str]]:
-    """Structures drawn from ViennaRNA's Boltzmann ensemble of random sequences."""
-    cases = []
-    for n in lengths:
-        letters = "ACGU" if rng.random() < 0.7 else "ACGUACGUN"
-        seq = "".join(rng.choice(letters) for _ in range(n))
-        fc = RNA.fold_compound(seq, md or vienna_md(RNA))
-        fc.pf()
-        cases += [(seq, db) for db in fc.pbacktrack(samples)]
-    return cases
-
 
 # --------------------------------------------------------------------------- #
 # fixtures
