@@ -72,6 +72,21 @@ def _length_mask(tokens, lengths):
     return idx[None, :] < jnp.asarray(lengths)[:, None]
 
 
+class _EncoderScores:
+    """``scores`` and ``__call__`` of a model whose ``encoder`` writes ``phi`` for its ``inside`` layer."""
+
+    def scores(self, tokens, lengths=None):
+        tokens = jnp.asarray(tokens)
+        if tokens.ndim == 1:  # one sequence [n] (a scalar length, e.g. under vmap): phi [n, n]
+            one = None if lengths is None else jnp.asarray(lengths).reshape(1)
+            return self.inside.params_dict(), self.encoder(tokens[None], one)[0]
+        return self.inside.params_dict(), self.encoder(tokens, lengths)
+
+    def __call__(self, tokens, lengths=None):
+        _, phi = self.scores(tokens, lengths)
+        return self.inside(tokens, lengths, phi=phi)
+
+
 class StackingModel(nnx.Module):
     """The score tensors alone (``phi = None``).
 
@@ -115,7 +130,7 @@ class PairEncoder(nnx.Module):
         return jnp.einsum("bif,bjf->bij", self.left(h), self.right(h)) / math.sqrt(self.pair_features)
 
 
-class NeuralPhiModel(nnx.Module):
+class NeuralPhiModel(_EncoderScores, nnx.Module):
     """Score tensors + a :class:`PairEncoder` writing ``phi``, trained jointly.
 
     Args:
@@ -132,15 +147,6 @@ class NeuralPhiModel(nnx.Module):
         self.encoder = PairEncoder(features=features, kernel_size=kernel_size, num_layers=num_layers,
                                    pair_features=pair_features, rngs=rngs)
 
-    def scores(self, tokens, lengths=None):
-        tokens = jnp.asarray(tokens)
-        if tokens.ndim == 1:
-            return self.inside.params_dict(), self.encoder(tokens[None], lengths)[0]
-        return self.inside.params_dict(), self.encoder(tokens, lengths)
-
-    def __call__(self, tokens, lengths=None):
-        _, phi = self.scores(tokens, lengths)
-        return self.inside(tokens, lengths, phi=phi)
 
 
 class LinenNeuralPhiModel(nn.Module):
@@ -274,7 +280,7 @@ class TurnerModel(nnx.Module):
                                                        self.prior_mean.keep_of(names))
 
 
-class TurnerNeuralModel(TurnerModel):
+class TurnerNeuralModel(_EncoderScores, TurnerModel):
     """:class:`TurnerModel` + a :class:`PairEncoder` writing ``phi`` (log-weights), trained jointly.
 
     Args: those of :class:`TurnerModel`, ``rngs`` (the encoder's initialisation) and the
@@ -288,15 +294,6 @@ class TurnerNeuralModel(TurnerModel):
         self.encoder = PairEncoder(features=features, kernel_size=kernel_size, num_layers=num_layers,
                                    pair_features=pair_features, rngs=rngs)
 
-    def scores(self, tokens, lengths=None):
-        tokens = jnp.asarray(tokens)
-        if tokens.ndim == 1:
-            return self.inside.params_dict(), self.encoder(tokens[None], lengths)[0]
-        return self.inside.params_dict(), self.encoder(tokens, lengths)
-
-    def __call__(self, tokens, lengths=None):
-        _, phi = self.scores(tokens, lengths)
-        return self.inside(tokens, lengths, phi=phi)
 
 
 def grammar_of(config) -> str:

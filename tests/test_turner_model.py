@@ -387,12 +387,12 @@ def test_eval_leaves_impossible_references_out_of_ll():
 
 
 def _batch():
-    seqs = ["GGGGAAACCCCAUAUGCGCAUAU", "GCGCAAAAGCGCAUCG", "ACGUAGCUAGC"]
-    dbns = ["((((...))))((((...))))", "((((....))))....", "..........."]
+    seqs = ["GGGGAAACCCCGCGCAAAAGCGCA", "GCGCAAAAGCGCAUCG", "ACGUAGCUAGC"]
+    dbns = ["((((...))))((((....)))).", "((((....))))....", "..........."]
     tokens, lengths = layers.encode_batch(seqs, buckets=None)
     table = np.full(tokens.shape, -1, np.int32)
     for b, d in enumerate(dbns):
-        table[b, : len(seqs[b])] = from_dot_bracket(d[: len(seqs[b])])
+        table[b, : len(seqs[b])] = from_dot_bracket(d)
     return {"tokens": tokens, "lengths": lengths, "pair_table": table, "weights": np.ones(3, np.float32)}
 
 
@@ -453,7 +453,7 @@ def test_adam_steps_keep_everything_finite_and_lower_the_loss():
 
 def _turner_config(**changes):
     """configs/turner.py on the dummy ArchiveII (tRNA held out), tiny and fast."""
-    from train.main import load_config_file
+    from train.main import apply_overrides, load_config_file
 
     config = load_config_file(str(ROOT / "configs" / "turner.py"))
     config.data.path = str(DUMMY)
@@ -471,12 +471,7 @@ def _turner_config(**changes):
     config.decoders = ("mea", "best")
     config.progress_bar = False
     config.compilation_cache_dir = ""
-    for key, value in changes.items():
-        node = config
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
+    apply_overrides(config, [(key, str(value)) for key, value in changes.items()])
     return config
 
 

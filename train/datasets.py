@@ -42,10 +42,10 @@ N pairs with nothing) or an interior loop / bulge of more than 30 unpaired bases
 
 * ``data.noncanonical_pairs``: ``"remove"`` those pairs from the target (the rest of the
   structure stays), ``"drop"`` the example, or ``"keep"``;
-* ``data.long_loops``: ``"open"`` each such loop by removing the pairs of the shorter of its
-  two adjacent helices, pair by pair from the loop outward, until no interior loop or bulge
-  exceeds 30 (:func:`open_long_loops`; a helix whose pairs are gone merges its loop into the
-  next one, which is then checked again), ``"drop"`` the example, or ``"keep"``.
+* ``data.long_loops``: ``"open"`` each such loop by removing every pair of the shorter of its
+  two adjacent helices (stacked runs of pairs), until no interior loop or bulge exceeds 30
+  (:func:`open_long_loops`; a removed helix merges its two loops into one, which is then
+  checked again), ``"drop"`` the example, or ``"keep"``.
 
 ``"auto"`` (the default of both) means ``"remove"`` / ``"open"`` for the Turner grammar and
 ``"keep"`` otherwise (the stacking grammar scores every nested structure). The test split is
@@ -302,10 +302,10 @@ def open_long_loops(pair_table, max_loop: int | None = None) -> tuple[np.ndarray
     loops, and the merged loop is checked again). Pairs only go, so hairpins only grow and no
     non-canonical pair appears.
 
-    >>> t = np.full(50, -1); t[[0, 1, 40, 41, 42]] = [49, 48, 42, 41, 40]; t[[49, 48]] = [0, 1]
-    >>> table, removed = open_long_loops(t, max_loop=30)   # loop (1, 48)-(40, 42) has 45 unpaired
-    >>> removed, table[40] == -1
-    (1, True)
+    >>> t = np.full(50, -1); t[[0, 1, 40]] = [49, 48, 46]; t[[49, 48, 46]] = [0, 1, 40]
+    >>> table, removed = open_long_loops(t, max_loop=30)   # loop (1, 48)-(40, 46): 38 + 1 unpaired
+    >>> removed, int(table[40]), int(table[1])             # the inner helix (1 pair) goes, not the outer (2)
+    (1, -1, 48)
     """
     table = np.array(pair_table, dtype=np.int32)
     removed = 0
