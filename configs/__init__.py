@@ -4,6 +4,8 @@
 * :mod:`configs.tiny` -- a smoke test: a few dozen steps on a small subset, under a minute.
 * :mod:`configs.synthetic` -- data sampled from known teacher parameters (recovery check).
 * :mod:`configs.neural` -- :class:`model.NeuralPhiModel` (a neural encoder writing phi).
+* :mod:`configs.turner` -- :class:`model.TurnerModel`: the Turner 2004 energies fine-tuned by CLL
+  with a prior toward Turner 2004 (``model.name = "turner_neural"`` adds the phi encoder).
 
 Use: ``python -m train.main train --config configs/default.py --workdir runs/x
 [--config.field=value ...]``; ``--config.data.train_files=a.dbn,b/*.ct`` (and

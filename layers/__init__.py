@@ -7,6 +7,7 @@ from layers.energy_params import KT, load_parameter_file, save_parameter_file, t
 from layers.free_energy import ensemble_free_energy, free_energy
 from layers.inside import check_params, is_energy_params, log_partition, max_score
 from layers.params import default_params, init_params
+from layers.params_io import load_params, read_provenance, save_params
 from layers.semiring import LOG, MAX, LogSemiring, MaxSemiring, SampleSemiring
 from layers.structure import log_prob, structure_score
 
@@ -43,6 +44,9 @@ __all__ = [
     "best_structure",
     "mea_structure",
     "sample_structures",
+    "load_params",
+    "save_params",
+    "read_provenance",
 ]
 
 # Flax layers (layers/nnx_layer.py), imported on first use so that `import layers` stays free of Flax.

@@ -2,16 +2,27 @@
 
 * :mod:`model.models` -- :class:`StackingModel`, :class:`NeuralPhiModel`
   (a neural encoder writing pair potentials ``phi``), :class:`LinenNeuralPhiModel`,
-  :func:`create_model`.
-* :mod:`model.loss` -- :func:`cll_loss` (negative log-likelihood per nucleotide, + L2).
+  :class:`TurnerModel` and :class:`TurnerNeuralModel` (the Turner 2004 energy tables, with a
+  prior toward their initial values), :func:`create_model`.
+* :mod:`model.loss` -- :func:`cll_loss` (negative log-likelihood per nucleotide, + L2 or the
+  model's prior), :func:`cll_step` (one optimizer step on it).
 * :mod:`model.decoding` -- :func:`predict` (MEA / best structure) and the evaluation sums.
 * :mod:`model.metrics` -- per-sequence base-pair precision / recall / F1 (exact and +-1 slip).
 """
 
 from model.decoding import DECODERS, eval_sums, finalize, predict
-from model.loss import batch_nll, cll_loss, l2_penalty
+from model.loss import batch_nll, cll_loss, cll_step, l2_penalty
 from model.metrics import METRIC_NAMES, pair_matrix, pair_metrics
-from model.models import LinenNeuralPhiModel, NeuralPhiModel, PairEncoder, StackingModel, create_model
+from model.models import (
+    LinenNeuralPhiModel,
+    NeuralPhiModel,
+    PairEncoder,
+    StackingModel,
+    TurnerModel,
+    TurnerNeuralModel,
+    create_model,
+    grammar_of,
+)
 
 __all__ = [
     "DECODERS",
@@ -20,6 +31,7 @@ __all__ = [
     "predict",
     "batch_nll",
     "cll_loss",
+    "cll_step",
     "l2_penalty",
     "METRIC_NAMES",
     "pair_matrix",
@@ -28,5 +40,8 @@ __all__ = [
     "NeuralPhiModel",
     "PairEncoder",
     "StackingModel",
+    "TurnerModel",
+    "TurnerNeuralModel",
     "create_model",
+    "grammar_of",
 ]

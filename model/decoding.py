@@ -45,17 +45,24 @@ def predict(model, tokens, lengths, *, decoder: str = "mea", gamma: float = 1.0)
 def eval_sums(model, batch, *, decoders=DECODERS, gamma: float = 1.0) -> dict:
     """Weighted sums of the evaluation metrics over one batch (scalars; see :func:`finalize`).
 
-    Keys: ``n_seqs``, ``n_tokens``, ``ll_sum`` (sum of ``log p(s|x)``), and for
-    each decoder ``<decoder>/<metric>`` for the metrics of :mod:`model.metrics`.
+    Keys: ``n_seqs``, ``n_tokens``, ``ll_sum`` (sum of ``log p(s|x)`` over the references the
+    model can produce), ``ll_tokens`` (their nucleotides), ``n_impossible`` (references with
+    probability 0 under the model, e.g. a non-canonical pair for the Turner grammar: left out of
+    ``ll_sum``, scored by the accuracy metrics like any other), and for each decoder
+    ``<decoder>/<metric>`` for the metrics of :mod:`model.metrics`.
     """
     weights = batch["weights"].astype(jnp.float32)
     lengths = batch["lengths"]
     log_z, score = batch_nll(model, batch)
     real = weights > 0
+    possible = real & jnp.isfinite(score)
+    n_tokens = weights * lengths.astype(jnp.float32)
     out = {
         "n_seqs": jnp.sum(weights),
-        "n_tokens": jnp.sum(weights * lengths.astype(jnp.float32)),
-        "ll_sum": jnp.sum(weights * jnp.where(real, score - log_z, 0.0)),
+        "n_tokens": jnp.sum(n_tokens),
+        "ll_sum": jnp.sum(weights * jnp.where(possible, score - log_z, 0.0)),
+        "ll_tokens": jnp.sum(jnp.where(possible, n_tokens, 0.0)),
+        "n_impossible": jnp.sum(jnp.where(real & ~possible, weights, 0.0)),
     }
     for decoder in decoders:
         pred = predict(model, batch["tokens"], lengths, decoder=decoder, gamma=gamma)
@@ -65,10 +72,14 @@ def eval_sums(model, batch, *, decoders=DECODERS, gamma: float = 1.0) -> dict:
 
 
 def finalize(sums: dict) -> dict:
-    """Means from (accumulated) :func:`eval_sums`: ``ll_per_nt``, ``<decoder>/<metric>``, ``n_seqs``."""
+    """Means from (accumulated) :func:`eval_sums`: ``ll_per_nt``, ``<decoder>/<metric>``, ``n_seqs``,
+    and ``n_impossible`` when some reference has probability 0 under the model (``ll_per_nt`` is
+    then the mean over the others)."""
     sums = {k: float(v) for k, v in sums.items()}
-    n_seqs, n_tokens = sums["n_seqs"], sums["n_tokens"]
+    n_seqs, n_tokens = sums["n_seqs"], sums.get("ll_tokens", sums["n_tokens"])
     out = {"n_seqs": int(round(n_seqs)), "ll_per_nt": sums["ll_sum"] / max(n_tokens, 1.0)}
+    if sums.get("n_impossible", 0.0) > 0:
+        out["n_impossible"] = int(round(sums["n_impossible"]))
     for key, value in sums.items():
         if "/" in key and key.split("/", 1)[1] in METRIC_NAMES:
             out[key] = value / max(n_seqs, 1.0)

@@ -15,7 +15,13 @@ metric). With the batch sharded over devices (``jax.sharding``) the sums are
 global, so the loss of a global batch is the same on 1 or 8 devices.
 
 The L2 term covers every ``nnx.Param`` of the model (score tensors and, for
-the neural model, the encoder).
+the neural model, the encoder) -- except the energy tables of a model with a
+prior (:class:`model.models.TurnerModel`, ``TurnerNeuralModel``): those are
+pulled toward their initial values by the model's own ``prior_penalty()``
+(``prior_strength * SUM (theta - theta_0)^2`` over the finite entries, in the
+same per-nucleotide units), which ``cll_loss`` adds instead::
+
+    loss = SUM_b w_b nll_b / SUM_b w_b n_b  +  l2 * SUM_{theta not a table} ||theta||^2  +  prior
 
 A reference structure the model gives probability 0 -- not nested, or with a
 hairpin shorter than ``min_hairpin`` -- has score ``-inf`` under ``jit``, so
@@ -28,12 +34,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import nnx
 
 from layers.inside import log_partition
 from layers.structure import structure_score
 
-__all__ = ["batch_nll", "cll_loss", "l2_penalty"]
+__all__ = ["batch_nll", "cll_loss", "cll_step", "l2_penalty"]
 
 
 def batch_nll(model, batch):
@@ -48,9 +55,13 @@ def batch_nll(model, batch):
 
 
 def l2_penalty(model) -> jax.Array:
-    """``SUM ||theta||^2`` over every ``nnx.Param`` of ``model``."""
-    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
-    return sum(jnp.sum(jnp.square(x)) for x in leaves)
+    """``SUM ||theta||^2`` over every ``nnx.Param`` of ``model`` (but the tables of a model with a
+    ``prior_penalty``, which has its own prior; see the module docstring)."""
+    params = nnx.Param
+    if hasattr(model, "prior_penalty"):
+        params = nnx.All(nnx.Param, nnx.Not(nnx.PathContains("inside")))
+    leaves = jax.tree.leaves(nnx.state(model, params))
+    return sum((jnp.sum(jnp.square(x)) for x in leaves), jnp.zeros((), jnp.float32))
 
 
 def cll_loss(model, batch, l2: float = 0.0):
@@ -58,7 +69,7 @@ def cll_loss(model, batch, l2: float = 0.0):
 
     ``aux``: ``nll_sum`` (sum of ``w_b nll_b``), ``n_tokens`` (sum of ``w_b n_b``),
     ``n_seqs`` (sum of ``w_b``), ``n_invalid`` (real rows with score ``-inf``),
-    ``data_loss`` (the loss without L2).
+    ``data_loss`` (the loss without L2 and prior), ``prior`` (the model's prior penalty, 0 without).
     """
     weights = batch["weights"].astype(jnp.float32)
     log_z, score = batch_nll(model, batch)
@@ -67,12 +78,31 @@ def cll_loss(model, batch, l2: float = 0.0):
     nll_sum = jnp.sum(weights * nll)
     n_tokens = jnp.sum(weights * batch["lengths"].astype(jnp.float32))
     data_loss = nll_sum / jnp.maximum(n_tokens, 1.0)
-    loss = data_loss + (l2 * l2_penalty(model) if l2 else 0.0)
+    prior = model.prior_penalty() if hasattr(model, "prior_penalty") else jnp.zeros((), data_loss.dtype)
+    loss = data_loss + (l2 * l2_penalty(model) if l2 else 0.0) + prior
     aux = {
         "nll_sum": nll_sum,
         "n_tokens": n_tokens,
         "n_seqs": jnp.sum(weights),
         "n_invalid": jnp.sum(real & ~jnp.isfinite(score)),
         "data_loss": data_loss,
+        "prior": prior,
     }
     return loss, aux
+
+
+@nnx.jit(static_argnames=("l2",))
+def cll_step(model, optimizer: nnx.Optimizer, batch, l2: float = 0.0):
+    """One optimizer step on :func:`cll_loss`, in place: ``(loss, aux)`` before the update.
+
+    ``aux`` is :func:`cll_loss`'s plus ``grad_norm`` (the global norm of the gradient). The
+    loop of a hand-written training run (the trainer, :mod:`train.train`, adds sharding,
+    checkpoints and evaluation)::
+
+        optimizer = nnx.Optimizer(model, optax.adam(0.05), wrt=nnx.Param)
+        for batch in batches:
+            loss, aux = cll_step(model, optimizer, batch)
+    """
+    (loss, aux), grads = nnx.value_and_grad(cll_loss, has_aux=True)(model, batch, l2)
+    optimizer.update(model, grads)
+    return loss, dict(aux, grad_norm=optax.global_norm(grads))

@@ -20,7 +20,11 @@
 # $\log Z(x)$; any network can feed it extra pair potentials $\phi_{ij}$ (`phi`,
 # `[B, L, L]`), and gradients flow through the dynamic program into that network.
 # `layers.LinenInsideLayer` is the same layer for Linen models
-# (`flax.nnx.bridge.to_linen`).
+# (`flax.nnx.bridge.to_linen`). The same layer holds the Turner 2004 energy tables
+# instead with `layers.InsideLayer(params="turner2004")` (every table an `nnx.Param`,
+# kcal/mol; `phi` then adds to the log-weight $-E/kT$), which is what
+# `model.models.TurnerModel` and `configs/turner.py` train; here we stay with the
+# stacking scores, whose DP compiles in seconds.
 #
 # We build a small "sequence -> phi -> inside" model three ways and train each for a
 # few optax steps with the conditional log-likelihood
@@ -175,25 +179,17 @@ print(f"Linen : NLL/nt {linen_losses[0]:.3f} -> {linen_losses[-1]:.3f}")
 # `model/` packages this pattern: `NeuralPhiModel` (embedding, residual convolutions
 # masked to each sequence's length, bilinear pair head starting at `phi = 0`) exposes
 # `scores(tokens, lengths) -> (params, phi)`, and `model.loss.cll_loss(model, batch)`
-# is the per-nucleotide CLL loss the trainer uses (with `weights` for padding rows).
+# is the per-nucleotide CLL loss the trainer uses (with `weights` for padding rows);
+# `model.loss.cll_step(model, optimizer, batch)` is one jitted optimizer step on it.
 
 # %%
-from model.loss import cll_loss
+from model.loss import cll_step
 from model.models import NeuralPhiModel
 
 neural = NeuralPhiModel(rngs=nnx.Rngs(0), features=16, kernel_size=5, num_layers=1, pair_features=16,
                         min_hairpin=MIN_HAIRPIN, num_chunks=NUM_CHUNKS)
 neural_opt = nnx.Optimizer(neural, optax.adam(0.05), wrt=nnx.Param)
-
-
-@nnx.jit
-def neural_step(model, optimizer, batch):
-    (loss, aux), grads = nnx.value_and_grad(cll_loss, has_aux=True)(model, batch)
-    optimizer.update(model, grads)
-    return loss
-
-
-neural_losses = [float(neural_step(neural, neural_opt, batch)) for _ in range(STEPS)]
+neural_losses = [float(cll_step(neural, neural_opt, batch)[0]) for _ in range(STEPS)]
 print(f"Neural: NLL/nt {neural_losses[0]:.3f} -> {neural_losses[-1]:.3f}")
 
 # %% [markdown]

@@ -22,7 +22,7 @@ def test_config_loads(name):
     for field in ("seed", "batch_size", "eval_batch_size", "num_train_steps", "log_every", "eval_every",
                   "checkpoint_every", "keep_checkpoints", "decoders", "gamma", "best_metric"):
         assert field in config, f"{name}: no config.{field}"
-    assert config.model.name in ("stacking", "neural")
+    assert config.model.name in ("stacking", "neural", "turner", "turner_neural")
     assert config.data.source in ("archiveii", "files", "synthetic")
     for field in ("train_files", "valid_files", "eval_files", "buckets", "max_length", "short_hairpins"):
         assert field in config.data, f"{name}: no config.data.{field}"

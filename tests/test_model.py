@@ -14,6 +14,7 @@ from model import (
     NeuralPhiModel,
     StackingModel,
     cll_loss,
+    cll_step,
     create_model,
     eval_sums,
     finalize,
@@ -153,15 +154,12 @@ def test_stacking_model_learns_with_optax():
     model = StackingModel(rngs=nnx.Rngs(0), num_chunks=CHUNKS)
     optimizer = nnx.Optimizer(model, optax.adam(0.1), wrt=nnx.Param)
     batch = make_batch()
-
-    @nnx.jit
-    def step(model, optimizer, batch):
-        (loss, _), grads = nnx.value_and_grad(cll_loss, has_aux=True)(model, batch)
-        optimizer.update(model, grads)
-        return loss
-
-    losses = [float(step(model, optimizer, batch)) for _ in range(15)]
+    losses = [float(cll_step(model, optimizer, batch)[0]) for _ in range(15)]
     assert losses[-1] < 0.7 * losses[0]
+    before = float(cll_loss(model, batch)[0])
+    loss, aux = cll_step(model, optimizer, batch, l2=0.01)  # the loss before this step's update
+    assert float(aux["data_loss"]) == pytest.approx(before, rel=1e-6) and float(loss) > before
+    assert float(aux["grad_norm"]) > 0
 
 
 # ---------------------------------------------------------------------- models
@@ -176,14 +174,7 @@ def test_neural_model_starts_as_stacking_model_and_trains():
     np.testing.assert_allclose(float(cll_loss(model, batch)[0]), float(cll_loss(stacking, batch)[0]), rtol=1e-6)
 
     optimizer = nnx.Optimizer(model, optax.adam(0.05), wrt=nnx.Param)
-
-    @nnx.jit
-    def step(model, optimizer, batch):
-        (loss, _), grads = nnx.value_and_grad(cll_loss, has_aux=True)(model, batch)
-        optimizer.update(model, grads)
-        return loss
-
-    losses = [float(step(model, optimizer, batch)) for _ in range(10)]
+    losses = [float(cll_step(model, optimizer, batch)[0]) for _ in range(10)]
     assert losses[-1] < losses[0]
     _, phi = model.scores(batch["tokens"], batch["lengths"])
     assert float(jnp.abs(phi).max()) > 0  # the encoder is being trained
@@ -226,6 +217,19 @@ def test_linen_neural_model():
         variables, opt_state, loss = step(variables, opt_state)
         losses.append(float(loss))
     assert losses[-1] < losses[0]
+
+
+def test_eval_leaves_references_the_model_cannot_produce_out_of_ll():
+    model = StackingModel(params="default", num_chunks=CHUNKS)
+    batch = make_batch(["GGGAAACCC", "GGGAACCC"], ["(((...)))", "(((..)))"])  # the second: a hairpin of 2
+    sums = nnx.jit(eval_sums, static_argnames=("decoders",))(model, batch, decoders=("best",))
+    metrics = finalize(sums)
+    want = float(layers.log_prob(layers.default_params(), batch["tokens"][0], batch["pair_table"][0],
+                                 num_chunks=CHUNKS)) / 9
+    assert metrics["n_seqs"] == 2 and metrics["n_impossible"] == 1
+    np.testing.assert_allclose(metrics["ll_per_nt"], want, rtol=1e-5)
+    assert "n_impossible" not in finalize(nnx.jit(eval_sums, static_argnames=("decoders",))(
+        model, make_batch(), decoders=("best",)))
 
 
 @pytest.mark.parametrize("name", ["stacking", "neural"])

@@ -34,6 +34,29 @@ offending pairs; examples longer than ``data.max_length`` are dropped (training
 and validation) -- the test split uses ``data.max_eval_length`` (default: the same).
 ``data.max_{train,valid,test}_examples`` keep a seeded random subset (0 = all).
 
+Cleaning for the Turner grammar (``grammar="turner"``, the ``turner`` models; train and
+valid splits only, :data:`GRAMMAR_CLEANED_SPLITS`): the Turner 2004 model gives probability 0
+(an infinite loss) to a structure with a non-canonical pair (anything but AU UA CG GC GU UG;
+N pairs with nothing) or an interior loop / bulge of more than 30 unpaired bases
+(``layers.energy_params.MAX_LOOP``). :func:`clean_for_turner` applies two rules:
+
+* ``data.noncanonical_pairs``: ``"remove"`` those pairs from the target (the rest of the
+  structure stays), ``"drop"`` the example, or ``"keep"``;
+* ``data.long_loops``: ``"open"`` each such loop by removing every pair of the shorter of its
+  two adjacent helices (stacked runs of pairs), until no interior loop or bulge exceeds 30
+  (:func:`open_long_loops`; a removed helix merges its two loops into one, which is then
+  checked again), ``"drop"`` the example, or ``"keep"``.
+
+``"auto"`` (the default of both) means ``"remove"`` / ``"open"`` for the Turner grammar and
+``"keep"`` otherwise (the stacking grammar scores every nested structure). The test split is
+not cleaned this way, so that every model (and RNAfold) is scored against the same reference
+structures; its ``ll_per_nt`` leaves out the structures a model cannot produce
+(:func:`model.decoding.finalize`). What each rule changed is counted in the split's
+provenance (:func:`describe_splits`). On ArchiveII (the 3,940 rows in the family lists) no
+pair is non-canonical, and 72 structures have 79 interior loops / bulges longer than 30, all in
+sequences longer than 200 nt (56 of them up to 512 nt: telomerase 31, tmRNA 16, RNase P 4,
+group I intron 3, 16S rRNA 2).
+
 Provenance: :func:`load_splits` returns a :class:`Splits` dict whose ``sources``
 say where each split came from; :func:`describe_splits` prints the sizes with
 them, and a validation split of fewer than :data:`SMALL_VALID` examples is
@@ -50,7 +73,8 @@ from collections.abc import Sequence
 import numpy as np
 
 __all__ = ["load_splits", "Splits", "describe_splits", "absolute_data_paths", "clean_examples",
-           "synthetic_examples", "teacher_params", "PATH_FIELDS", "SMALL_VALID"]
+           "synthetic_examples", "teacher_params", "PATH_FIELDS", "SMALL_VALID", "clean_for_turner",
+           "noncanonical_pairs", "long_interior_loops", "open_long_loops", "GRAMMAR_CLEANED_SPLITS"]
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +84,11 @@ SMALL_VALID = 20
 #: Config fields holding file paths (comma-separated lists for the ``*_files``), made absolute
 #: by :func:`absolute_data_paths`; the other values these fields take are names, not paths.
 PATH_FIELDS = {"data.train_files": (), "data.valid_files": (), "data.eval_files": (), "data.path": (),
-               "data.synthetic.teacher": ("default", "random"), "model.init": ("random", "default")}
+               "data.synthetic.teacher": ("default", "random"),
+               "model.init": ("random", "default", "turner2004")}  # the names of layers.params_io.NAMED_PARAMS
 _FILE_KEYS = {"train": "train_files", "valid": "valid_files", "test": "eval_files"}
+#: The splits the grammar's own cleaning rules (``data.noncanonical_pairs``, ``data.long_loops``) apply to.
+GRAMMAR_CLEANED_SPLITS = ("train", "valid")
 
 
 class Splits(dict):
@@ -201,6 +228,178 @@ def _clean(examples: list[dict], *, min_hairpin: int, short_hairpins: str, max_l
     return out, n_long, n_short
 
 
+# ----------------------------------------------------------------- Turner-grammar cleaning
+
+
+def noncanonical_pairs(sequence: str, pair_table) -> np.ndarray:
+    """The opening positions ``i`` of pairs ``(i, j)``, ``i < j``, that the Turner model cannot form.
+
+    Canonical pairs are AU UA CG GC GU UG (:data:`layers.energy_params.PAIR_INDEX`); N and the other
+    IUPAC codes pair with nothing.
+
+    >>> noncanonical_pairs("GAAACAAAU", [8, 4, -1, -1, 1, -1, -1, -1, 0]).tolist()
+    [1]
+    """
+    from layers.alphabet import encode
+    from layers.energy_params import PAIR_INDEX
+
+    table = np.asarray(pair_table)
+    x = np.asarray(encode(sequence))
+    idx = np.arange(len(table))
+    opens = table > idx
+    partner = np.where(opens, table, 0)
+    return np.flatnonzero(opens & (PAIR_INDEX[x, x[partner]] < 0))
+
+
+def long_interior_loops(pair_table, max_loop: int | None = None) -> list[tuple[int, int, int, int, int]]:
+    """The interior loops and bulges with more than ``max_loop`` unpaired bases (default 30).
+
+    Each as ``(i, j, k, l, unpaired)``: outer pair (i, j), inner pair (k, l), unpaired
+    ``(k - i - 1) + (j - l - 1)``. O(n): every position is walked by the one loop it belongs to.
+
+    >>> t = [-1] * 40; t[0], t[39], t[36], t[38] = 39, 0, 38, 36   # pair (0, 39) around (36, 38)
+    >>> long_interior_loops(t, max_loop=30)
+    [(0, 39, 36, 38, 35)]
+    """
+    if max_loop is None:
+        from layers.energy_params import MAX_LOOP
+
+        max_loop = MAX_LOOP
+    table = np.asarray(pair_table)
+    found = []
+    for i in np.flatnonzero(table > np.arange(len(table))):
+        i, j = int(i), int(table[i])
+        branches, k = [], i + 1
+        while k < j and len(branches) < 2:
+            if table[k] > k:
+                branches.append((k, int(table[k])))
+                k = int(table[k]) + 1
+            else:
+                k += 1
+        if len(branches) == 1:
+            k, l = branches[0]
+            unpaired = (k - i - 1) + (j - l - 1)
+            if unpaired > max_loop:
+                found.append((i, j, k, l, unpaired))
+    return found
+
+
+def _helix_pairs(table: np.ndarray, i: int, j: int, step: int) -> list[tuple[int, int]]:
+    """The stacked run of pairs from (i, j) going outward (step -1) or inward (+1)."""
+    pairs = []
+    while 0 <= i < j < len(table) and table[i] == j:
+        pairs.append((i, j))
+        i, j = i + step, j - step
+    return pairs
+
+
+def open_long_loops(pair_table, max_loop: int | None = None) -> tuple[np.ndarray, int]:
+    """``(table, n_removed)``: ``pair_table`` without interior loops / bulges longer than ``max_loop``.
+
+    For each such loop the shorter of its two adjacent helices (the stacked run ending in the
+    outer pair, read outward, or the one starting at the inner pair, read inward; the outer one on
+    a tie) loses all its pairs; that is repeated until no loop is too long (a removed helix merges
+    loops, and the merged loop is checked again). Pairs only go, so hairpins only grow and no
+    non-canonical pair appears.
+
+    >>> t = np.full(50, -1); t[[0, 1, 40]] = [49, 48, 46]; t[[49, 48, 46]] = [0, 1, 40]
+    >>> table, removed = open_long_loops(t, max_loop=30)   # loop (1, 48)-(40, 46): 38 + 1 unpaired
+    >>> removed, int(table[40]), int(table[1])             # the inner helix (1 pair) goes, not the outer (2)
+    (1, -1, 48)
+    """
+    table = np.array(pair_table, dtype=np.int32)
+    removed = 0
+    while True:
+        loops = long_interior_loops(table, max_loop)
+        if not loops:
+            return table, removed
+        for i, j, k, l, _ in loops:
+            if table[i] != j or table[k] != l:  # already opened by an earlier loop of this round
+                continue
+            outer, inner = _helix_pairs(table, i, j, -1), _helix_pairs(table, k, l, +1)
+            for a, b in outer if len(outer) <= len(inner) else inner:
+                table[a] = table[b] = -1
+                removed += 1
+
+
+def _grammar_policies(data_cfg, grammar: str | None) -> tuple[str, str]:
+    """``(noncanonical_pairs, long_loops)`` with ``"auto"`` resolved for ``grammar``."""
+    turner = grammar == "turner"
+    noncanonical = data_cfg.get("noncanonical_pairs", "auto")
+    long_loops = data_cfg.get("long_loops", "auto")
+    if noncanonical not in ("auto", "keep", "remove", "drop"):
+        raise ValueError(f"data.noncanonical_pairs must be 'auto', 'keep', 'remove' or 'drop', got {noncanonical!r}")
+    if long_loops not in ("auto", "keep", "open", "drop"):
+        raise ValueError(f"data.long_loops must be 'auto', 'keep', 'open' or 'drop', got {long_loops!r}")
+    if noncanonical == "auto":
+        noncanonical = "remove" if turner else "keep"
+    if long_loops == "auto":
+        long_loops = "open" if turner else "keep"
+    return noncanonical, long_loops
+
+
+def clean_for_turner(examples: list[dict], *, noncanonical: str = "remove", long_loops: str = "open",
+                     max_loop: int | None = None) -> tuple[list[dict], dict]:
+    """``(kept, counts)``: the Turner-grammar rules of the module docstring applied to ``examples``.
+
+    ``noncanonical``: ``"remove"`` | ``"drop"`` | ``"keep"`` (``data.noncanonical_pairs``);
+    ``long_loops``: ``"open"`` | ``"drop"`` | ``"keep"`` (``data.long_loops``).
+
+    ``counts``: ``noncanonical_structures`` / ``noncanonical_pairs`` (structures with such pairs,
+    and how many pairs), ``long_loop_structures`` / ``long_loops`` (structures with loops longer
+    than ``max_loop`` after the non-canonical pairs went, and how many loops),
+    ``long_loop_pairs_removed`` (pairs ``"open"`` removed), ``dropped`` (examples dropped by
+    either rule). Changed examples are copies (``pair_table`` replaced); the others are kept as is.
+    """
+    counts = dict.fromkeys(("noncanonical_structures", "noncanonical_pairs", "long_loop_structures", "long_loops",
+                            "long_loop_pairs_removed", "dropped"), 0)
+    kept = []
+    for ex in examples:
+        table, changed = np.asarray(ex["pair_table"]), False
+        if noncanonical != "keep":
+            bad = noncanonical_pairs(ex["sequence"], table)
+            if bad.size:
+                counts["noncanonical_structures"] += 1
+                counts["noncanonical_pairs"] += int(bad.size)
+                if noncanonical == "drop":
+                    counts["dropped"] += 1
+                    continue
+                table, changed = table.copy(), True
+                table[table[bad]] = -1
+                table[bad] = -1
+        if long_loops != "keep":
+            loops = long_interior_loops(table, max_loop)
+            if loops:
+                counts["long_loop_structures"] += 1
+                counts["long_loops"] += len(loops)
+                if long_loops == "drop":
+                    counts["dropped"] += 1
+                    continue
+                table, removed = open_long_loops(table, max_loop)
+                counts["long_loop_pairs_removed"] += removed
+                changed = True
+        kept.append(dict(ex, pair_table=np.asarray(table, np.int32)) if changed else ex)
+    return kept, counts
+
+
+def _what_grammar_changed(counts: dict, *, noncanonical: str, long_loops: str) -> str:
+    """``"; 3 non-canonical pairs removed from 2 structures, ..."`` ('' when nothing changed)."""
+    parts = []
+    if counts["noncanonical_pairs"]:
+        if noncanonical == "drop":
+            parts.append(f"{counts['noncanonical_structures']} with non-canonical pairs dropped")
+        else:
+            parts.append(f"{counts['noncanonical_pairs']} non-canonical pairs removed from "
+                         f"{counts['noncanonical_structures']} structures")
+    if counts["long_loops"]:
+        if long_loops == "drop":
+            parts.append(f"{counts['long_loop_structures']} with interior loops > 30 dropped")
+        else:
+            parts.append(f"{counts['long_loops']} interior loops > 30 in {counts['long_loop_structures']} structures "
+                         f"opened ({counts['long_loop_pairs_removed']} pairs removed)")
+    return "; " + ", ".join(parts) if parts else ""
+
+
 def _subset(examples: list[dict], limit: int, seed: int) -> list[dict]:
     """A seeded random subset of at most ``limit`` examples, in their order (0: all)."""
     if not limit or len(examples) <= limit:
@@ -303,16 +502,21 @@ def _raw_splits(data_cfg, min_hairpin: int) -> Splits:
     raise ValueError(f"unknown data.source {source!r}; one of 'archiveii', 'files', 'synthetic'")
 
 
-def load_splits(data_cfg, *, min_hairpin: int, seed: int = 0, splits: Sequence[str] = SPLIT_NAMES) -> Splits:
+def load_splits(data_cfg, *, min_hairpin: int, seed: int = 0, splits: Sequence[str] = SPLIT_NAMES,
+                grammar: str | None = None) -> Splits:
     """``{"train": [...], "valid": [...], "test": [...]}`` (example dicts) for ``config.data``.
 
-    The result's ``sources`` say where each split came from (:func:`describe_splits`);
-    a validation split smaller than :data:`SMALL_VALID` is logged as a warning.
+    ``grammar`` (``"stacking"``, ``"turner"``; :func:`model.models.grammar_of` of
+    ``config.model``) resolves ``data.noncanonical_pairs`` / ``data.long_loops = "auto"``
+    (module docstring). The result's ``sources`` say where each split came from and what the
+    cleaning changed (:func:`describe_splits`); a validation split smaller than
+    :data:`SMALL_VALID` is logged as a warning.
     """
     raw = _raw_splits(data_cfg, min_hairpin)
     max_length = int(data_cfg.get("max_length", 0)) or None
     max_eval = int(data_cfg.get("max_eval_length", 0)) or max_length
     short_hairpins = data_cfg.get("short_hairpins", "drop")
+    noncanonical, long_loops = _grammar_policies(data_cfg, grammar)
     out = Splits()
     for split in splits:
         examples = raw[split]
@@ -321,14 +525,20 @@ def load_splits(data_cfg, *, min_hairpin: int, seed: int = 0, splits: Sequence[s
         length = max_eval if split == "test" else max_length
         kept, n_long, n_short = _clean(examples, min_hairpin=min_hairpin, short_hairpins=short_hairpins,
                                        max_length=length)
+        n_clean, grammar_note = len(kept), ""
+        if split in GRAMMAR_CLEANED_SPLITS and (noncanonical, long_loops) != ("keep", "keep"):
+            kept, counts = clean_for_turner(kept, noncanonical=noncanonical, long_loops=long_loops)
+            grammar_note = _what_grammar_changed(counts, noncanonical=noncanonical, long_loops=long_loops)
+            if grammar_note:
+                log.info("%s: %s", split, grammar_note[2:])
         # Seeded by the split's name, not its position in `splits`: loading one split (eval)
         # keeps the same subset as loading all three (training).
         out[split] = _subset(kept, int(data_cfg.get(f"max_{split}_examples", 0)), seed + SPLIT_NAMES.index(split))
         log.info("%s: %d examples (%d longer than %s dropped, %d with hairpins <= %d %s)", split, len(out[split]),
                  n_long, length, n_short, min_hairpin, "dropped" if short_hairpins == "drop" else "cleaned")
         out.sources[split] = raw.sources[split] + _what_was_dropped(
-            len(examples), n_long, n_short, len(out[split]), max_length=length, min_hairpin=min_hairpin,
-            short_hairpins=short_hairpins, limit_key=f"max_{split}_examples")
+            len(examples) - (n_clean - len(kept)), n_long, n_short, len(out[split]), max_length=length,
+            min_hairpin=min_hairpin, short_hairpins=short_hairpins, limit_key=f"max_{split}_examples") + grammar_note
         if not out[split]:
             raise ValueError(f"the {split} split is empty after cleaning ({out.sources[split]}; {len(examples)} "
                              f"before cleaning); check config.data")

@@ -93,7 +93,7 @@ from jax.sharding import PartitionSpec as P
 
 from model.decoding import eval_sums, finalize
 from model.loss import cll_loss
-from model.models import create_model
+from model.models import create_model, grammar_of
 from train import checkpointing
 from train.checkpointing import CheckpointError, ConfigChanged, WorkdirError, WorkdirLocked
 from train.datasets import describe_splits, load_splits
@@ -681,7 +681,7 @@ def _train_and_evaluate(config, workdir: str, t_start: float) -> dict:
     ckpt_dir = os.path.join(workdir, "checkpoints")
     changes = _check_resume_config(config, workdir, resuming=bool(checkpointing.step_dirs(ckpt_dir)))
     min_hairpin = int(config.model.get("min_hairpin", 3))
-    splits = load_splits(config.data, min_hairpin=min_hairpin, seed=int(config.seed))
+    splits = load_splits(config.data, min_hairpin=min_hairpin, seed=int(config.seed), grammar=grammar_of(config.model))
     _say("data: " + describe_splits(splits))
     pipes = _pipelines(config, splits, ("train", "valid", "test"), training=True)
     num_steps = _num_steps(config, pipes["train"])
@@ -1051,7 +1051,7 @@ def evaluate_checkpoint(workdir: str, *, split: str = "test", which: str = "best
     """Metrics of the ``which`` (``best``/``latest``) checkpoint of ``workdir`` on ``split``."""
     config, mesh, manager, graphdef, state, step = restore_for_inference(workdir, which, config)
     splits = load_splits(config.data, min_hairpin=int(config.model.get("min_hairpin", 3)), seed=int(config.seed),
-                         splits=(split,))
+                         splits=(split,), grammar=grammar_of(config.model))
     pipe = _pipelines(config, splits, (split,))[split]
     with jax.set_mesh(mesh):
         metrics = evaluate(make_eval_step(graphdef, config), state, pipe, mesh)
@@ -1060,15 +1060,61 @@ def evaluate_checkpoint(workdir: str, *, split: str = "test", which: str = "best
 
 
 def export_params(workdir: str, out: str, *, which: str = "best") -> str:
-    """Writes the ``which`` checkpoint's score tensors (float32 ``stack pair unpaired loop``) to ``out`` (.npz)."""
+    """Writes the ``which`` checkpoint's parameters (the inside layer's) to ``out``; returns ``out``.
+
+    The extension picks the format (:func:`layers.save_params`): ``.npz`` -- for the stacking
+    grammar the float32 ``stack pair unpaired loop`` as before, for Turner tables a lossless
+    ``.npz`` with provenance; ``.json`` -- lossless, with provenance (either grammar); ``.par``
+    -- Turner tables as a ViennaRNA parameter file (rounded to 0.01 kcal/mol). The provenance
+    names the workdir, checkpoint, step, its validation metrics, the model and data config and
+    the foldax commit. :func:`layers.load_params` reads all of them back. A neural model's
+    ``phi`` network is not exported (a warning says so).
+    """
+    import layers
+
     config, mesh, manager, graphdef, state, step = restore_for_inference(workdir, which)
-    inside = nnx.to_pure_dict(state)[0]["inside"]
-    arrays = {k: np.asarray(jax.device_get(inside[k]), dtype=np.float32) for k in PARAM_NAMES}
-    manager.close()
-    if config.model.get("name", "stacking") != "stacking":
-        log.warning("model %s: only the score tensors are exported; its phi network is not",
-                    config.model.get("name"))
+    try:
+        model = nnx.merge(graphdef, state)[0]
+        params = jax.device_get(model.inside.params_dict())
+        metrics = manager.metrics(step) if hasattr(manager, "metrics") else None
+    finally:
+        manager.close()
+    name = config.model.get("name", "stacking")
+    if name not in ("stacking", "turner"):
+        log.warning("model %s: only the score tensors are exported; its phi network is not", name)
+    ext = os.path.splitext(out)[1].lower()
     if jax.process_index() == 0:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        np.savez(out, **arrays)
+        if not layers.is_energy_params(params) and ext == ".npz":
+            np.savez(out, **{k: np.asarray(params[k], dtype=np.float32) for k in PARAM_NAMES})
+        else:
+            layers.save_params(params, out, provenance=_export_provenance(config, workdir, which, step, metrics))
     return out
+
+
+def _export_provenance(config, workdir: str, which: str, step: int, metrics) -> dict:
+    """Where exported parameters came from (stored in the file by :func:`layers.save_params`)."""
+    import datetime
+    import subprocess
+
+    commit = ""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
+                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    saved = json.loads(config.to_json_best_effort())
+    return {
+        "written_by": "foldax export-params",
+        "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "foldax_commit": commit,
+        "workdir": os.path.abspath(workdir),
+        "checkpoint": which,
+        "step": int(step),
+        "validation_metrics": {k: float(v) for k, v in (metrics or {}).items()},
+        "model": saved.get("model", {}),
+        "data": saved.get("data", {}),
+        "optimizer": saved.get("optimizer", {}),
+        "num_train_steps": saved.get("num_train_steps"),
+        "seed": saved.get("seed"),
+    }
