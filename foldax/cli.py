@@ -53,8 +53,11 @@ import json
 import os
 import sys
 
+from foldax.parameters import DEFAULT as DEFAULT_PARAMS  # no JAX: that starts after the command line is read
+
 FORWARDED = ("train", "eval", "export-params")
-BLOCK = 512  # records folded (and kept in memory) at a time
+#: Records folded (and kept in memory) at a time: fewer when each keeps its [n, n] pair probabilities.
+BLOCK, BLOCK_WITH_PROBS = 8192, 512
 
 
 def _nonneg_int(text):
@@ -120,9 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="sequences to fold, or files to read (an existing path is read as a file; an argument "
                            "with '/' or '.' is always a path)")
     fold.add_argument("-i", "--input", metavar="FILE", help="read records from FILE ('-' = stdin)")
-    fold.add_argument("--params", metavar="NPZ|WORKDIR",
-                      help="trained model: an .npz from 'foldax export-params', or a training workdir (its best "
-                           "checkpoint, the whole model; default: layers.default_params(), the built-in scores)")
+    fold.add_argument("--params", metavar="NAME|FILE|WORKDIR",
+                      help="the parameters: a shipped set by name (turner2004: Turner 2004 free energies, RNAfold's; "
+                           "stacking: the stacking model trained on ArchiveII; handset: hand-set stacking scores), a "
+                           "file (.par ViennaRNA parameter file, .json Turner tables, .npz from 'foldax "
+                           "export-params'), or a training workdir (its best checkpoint, the whole model); default: "
+                           f"{DEFAULT_PARAMS}. stderr says which parameters were used and where they came from")
+    fold.add_argument("--model", metavar="NAME", help="the same as --params NAME (a shipped parameter set)")
     fold.add_argument("--checkpoint", choices=("best", "latest"), default=None,
                       help="with --params WORKDIR: the best checkpoint by the validation metric (default) or "
                            "the latest")
@@ -166,7 +173,14 @@ def _exit_code(err: SystemExit) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``foldax`` console entry point; returns the exit status."""
+    """The ``foldax`` console entry point; returns the exit status.
+
+    When it starts JAX itself (JAX not imported yet: the ``foldax`` command, not a test
+    calling this function), ``foldax fold`` also sets JAX up for the process: one CPU
+    device per core (:func:`layers.devices.default_cpu_devices`) and the program cache
+    (:mod:`foldax.programs`).
+    """
+    own_process = "jax" not in sys.modules
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in FORWARDED:
         import importlib
@@ -187,10 +201,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.gamma is not None and not args.mea:
             print("foldax fold: error: --gamma needs --mea", file=sys.stderr)
             return 2
+        if args.model is not None:
+            if args.params is not None:
+                print("foldax fold: error: give --params or --model, not both", file=sys.stderr)
+                return 2
+            args.params = args.model
         if args.checkpoint is not None and not (args.params and os.path.isdir(args.params)):
             print("foldax fold: error: --checkpoint needs --params WORKDIR (a training workdir)", file=sys.stderr)
             return 2
-        return run_fold(args)
+        return run_fold(args, own_process=own_process)
     if args.command == "plot":
         return run_plot(args)
     return 2  # pragma: no cover - argparse requires a command
@@ -221,7 +240,35 @@ def _write(path: str, text: str) -> None:
         fh.write(text)
 
 
-def run_fold(args) -> int:
+def _program_cache(own_process: bool):
+    """The :class:`foldax.programs.FoldPrograms` of this run. When the process is ours, JAX is set up
+    first (before its first computation): one CPU device per core, and the cache of compiled
+    programs (:func:`foldax.programs.cache_dir`)."""
+    from foldax import programs
+
+    directory = None
+    if own_process:
+        from layers import devices
+
+        devices.default_cpu_devices()
+        directory = programs.cache_dir()
+    notice = None
+    if sys.stderr.isatty():
+        def notice(shape):  # the first use of a program takes a while: say why
+            kept = "kept for next time" if directory else "not kept: no cache directory"
+            _err(f"compiling the program for batches of {shape[0]} x {shape[1]} nt (first use; {kept})")
+    return programs.FoldPrograms(directory, notice=notice)
+
+
+def _progress_bar(total: int):
+    """A tqdm bar on stderr when stderr is a terminal (never in pipes and logs)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="seq", desc="foldax fold", disable=None, leave=False, file=sys.stderr,
+                dynamic_ncols=True)
+
+
+def run_fold(args, *, own_process: bool = False) -> int:
     from foldax import fold as F
 
     items = F.read_inputs(args.inputs, args.input)
@@ -235,6 +282,7 @@ def run_fold(args) -> int:
     if not records:
         _err("error: no sequences to fold" + (" (all records were invalid)" if errors else ""))
         return 1
+    programs = _program_cache(own_process)
     try:
         model = F.load_model(args.params, checkpoint=args.checkpoint or "best")
     except (OSError, ValueError) as err:
@@ -247,29 +295,43 @@ def run_fold(args) -> int:
     want_probs = args.partition or args.plot
     gamma = 1.0 if args.gamma is None else args.gamma
     decoder = decoder_name(model, mea=args.mea, gamma=gamma)
+    block_size = BLOCK_WITH_PROBS if want_probs else BLOCK
     plotted = []
-    for start in range(0, len(records), BLOCK):
-        block = records[start:start + BLOCK]
-        results = F.fold_records(model, block, mea=args.mea, gamma=gamma, partition=args.partition,
-                                 probs=want_probs, min_hairpin=args.min_hairpin, batch_size=args.batch_size)
-        for result, stem in zip(results, stems[start:start + BLOCK]):
-            text = F.format_result(result, args.format)
-            sys.stdout.write(text)
-            if args.format == "bpseq" and len(records) > 1:
-                sys.stdout.write("\n")
-            base = _base_path(args.prefix, stem)
-            if args.prefix is not None:
-                _write(f"{base}.{args.format}", F.format_result(result, args.format, comments=True))
-                if args.partition:
-                    _write(f"{base}_bpp.txt", F.bpp_text(result, args.bpp_cutoff))
-            if args.plot:
-                plotted.extend(_plot_result(result, base, decoder))
-        sys.stdout.flush()
+    with _progress_bar(len(records)) as bar:
+        for start in range(0, len(records), block_size):
+            block = records[start:start + block_size]
+            results = F.fold_records(model, block, mea=args.mea, gamma=gamma, partition=args.partition,
+                                     probs=want_probs, min_hairpin=args.min_hairpin, batch_size=args.batch_size,
+                                     programs=programs, progress=bar.update)
+            bar.clear()  # the bar and the printed results share the terminal
+            plotted += _write_results(args, results, stems[start:start + block_size], decoder,
+                                      several=len(records) > 1)
+            bar.refresh()
     if plotted and args.prefix is None:
         shown = ", ".join(plotted[:4]) + (f" and {len(plotted) - 4} more" if len(plotted) > 4 else "")
         _err(f"--plot without -o: wrote {len(plotted)} PNG file(s) to the current directory {os.getcwd()}: "
              f"{shown} (use -o DIR/ to choose where)")
     return 0
+
+
+def _write_results(args, results, stems, decoder: str, *, several: bool) -> list[str]:
+    """Prints (and with -o writes) a block of results; returns the PNG files written."""
+    from foldax import fold as F
+
+    plotted = []
+    for result, stem in zip(results, stems):
+        sys.stdout.write(F.format_result(result, args.format))
+        if args.format == "bpseq" and several:
+            sys.stdout.write("\n")
+        base = _base_path(args.prefix, stem)
+        if args.prefix is not None:
+            _write(f"{base}.{args.format}", F.format_result(result, args.format, comments=True))
+            if args.partition:
+                _write(f"{base}_bpp.txt", F.bpp_text(result, args.bpp_cutoff))
+        if args.plot:
+            plotted.extend(_plot_result(result, base, decoder))
+    sys.stdout.flush()
+    return plotted
 
 
 def decoder_name(model, *, mea: bool, gamma: float) -> str:
