@@ -2,23 +2,26 @@
 
 Subcommands::
 
-    foldax fold [SEQ|FILE ...] [-i FILE|-] [--params P] [--mea [--gamma G]] [-p]
+    foldax fold [SEQ|FILE ...] [-i FILE|-] [--params P | --model NAME] [--mea [--gamma G]] [-p]
                 [--format dbn|bpseq|ct] [-o PREFIX] [--plot] [--skip-invalid] ...
     foldax plot --workdir W [-o OUT.png]
     foldax train ... / foldax eval ... / foldax export-params ...   (see train.main)
 
-``foldax fold`` prints, for each record (RNAfold style)::
+``foldax fold`` folds with the parameters of ``--params`` (default
+:data:`foldax.parameters.DEFAULT`, the Turner 2004 energies) and prints, for each
+record, what RNAfold prints::
 
     >id
     SEQUENCE
-    STRUCTURE (score)
+    STRUCTURE ( -4.50)
 
-``score`` is the model score of the structure (a natural-log weight, higher is
-better; it is not a free energy -- only a model that declares its scores energies,
-see :class:`foldax.fold.FoldModel`, prints a free energy in kcal/mol here, as
-RNAfold). With ``-p`` two more lines follow: RNAfold's pseudo-bracket summary of the
-pair probabilities with ``[log Z = ...]`` (an energy model: RNAfold's ``[ensemble
-free energy]``), and the structure's probability in the ensemble with the ensemble
+For energy parameters (Turner) the value is the structure's free energy in kcal/mol
+and ``-p`` adds RNAfold's three lines: the pseudo-bracket summary of the pair
+probabilities with the ensemble free energy ``[ -4.87]``, the centroid structure
+``{ -4.50 d=2.98}``, and `` frequency of mfe structure in ensemble 0.545923; ensemble
+diversity 3.53``. For a stacking model the value is the structure's *score* (a
+natural-log weight, higher is better, never called an energy), and ``-p`` adds the
+pseudo-brackets with ``[log Z = ...]`` and the structure's frequency with the ensemble
 diversity. ``--format bpseq|ct`` prints those formats instead (score and log Z in
 the header/comments; a CT header says ``score = S``, and ``ENERGY = E`` only for an
 energy model). Output files with ``-o PREFIX`` (PREFIX may be a directory:
@@ -26,7 +29,7 @@ energy model). Output files with ``-o PREFIX`` (PREFIX may be a directory:
 ``A-Za-z0-9._+-`` become ``_``; a repeated id gets ``_2``...):
 
 * ``PREFIX<id>.<dbn|bpseq|ct>``: what was printed for the record (in .dbn files the
-  two ``-p`` lines start with ``# ``, so every file reads back with ``data.formats``);
+  ``-p`` lines start with ``# ``, so every file reads back with ``data.formats``);
 * ``PREFIX<id>_bpp.txt`` (with ``-p``): two ``#`` header lines, then ``i j p`` lines,
   1-based, ``i < j``, ``p >= --bpp-cutoff``;
 * ``PREFIX<id>_dp.png`` and ``PREFIX<id>_arc.png`` (with ``--plot``; without ``-o``
@@ -35,10 +38,20 @@ energy model). Output files with ``-o PREFIX`` (PREFIX may be a directory:
   structure -- the decoder is named in the title -- and the reference, if the input
   had one) and the arc diagram.
 
-``--params`` takes an ``.npz`` (``foldax export-params``) or a training workdir: then
-the workdir's best checkpoint (``--checkpoint latest``: its latest) is restored as
-the whole model -- a neural model folds with its ``phi`` network -- and stderr says
-which checkpoint it was (a ``params.npz`` in the workdir is not used).
+``--params`` takes a shipped parameter set by name (``turner2004``, ``stacking``,
+``handset``: :mod:`foldax.parameters`; ``--model NAME`` is the same), a parameter file
+(``.par``, ``.json``, ``.npz``) or a training workdir: then the workdir's best checkpoint
+(``--checkpoint latest``: its latest) is restored as the whole model -- a neural model
+folds with its ``phi`` network -- and stderr says which checkpoint it was (a
+``params.npz`` in the workdir is not used). stderr always names the parameters used
+and where they came from.
+
+Speed: the first use of a batch shape compiles a program (seconds for the stacking
+model, tens of seconds for the Turner model today), which is kept in
+``~/.cache/foldax/programs`` (:mod:`foldax.programs`; ``FOLDAX_CACHE_DIR`` elsewhere,
+empty for none): later calls load it. Sequences are folded in batches by length
+bucket, split over one CPU device per core (``JAX_NUM_CPU_DEVICES`` chooses another
+count), with a progress bar when stderr is a terminal.
 
 Exit status: 0 on success; 1 for bad input (every bad record is reported, naming
 its id, ``file:line`` and the position of the bad character) or bad parameters;
@@ -91,8 +104,9 @@ SUBCOMMANDS = {
 
 MAIN_EPILOG = """\
 examples:
-  foldax fold GGGGAAACCCC                                   best structure and its score
-  foldax fold -i seqs.fa -p --mea --gamma 2 -o out/ --plot  log Z, bpp files, dot plots
+  foldax fold GGGGAAACCCC                                   MFE structure and its energy (Turner 2004)
+  foldax fold -i seqs.fa -p                                 ... with RNAfold -p's ensemble lines
+  foldax fold -i seqs.fa -p --mea --gamma 2 -o out/ --plot  MEA structures, bpp files, dot plots
   foldax train --config default --workdir runs/default      train on ArchiveII (tRNA held out)
   foldax train --config tiny --workdir runs/tiny --config.num_train_steps=60 --config.batch_size=16
   foldax eval --workdir runs/default                        test metrics of the best checkpoint
@@ -115,10 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Predict secondary structures. Input: sequences or files as arguments, -i FILE, or "
                     "stdin (FASTA, plain one-per-line, or dot-bracket with reference structures; "
                     ".bpseq/.ct/.tsv files by extension).",
-        epilog="Output: '>id', the sequence, 'structure (score)' per record (score: the model's log-score, "
-               "higher is better, not a free energy); with -p also 'ensemble [log Z = ...]' and the "
-               "structure's frequency. See 'foldax/cli.py' for the files written with -o and --plot. Exit "
-               "status: 0 ok, 1 bad input or parameters, 2 usage.")
+        epilog="Output, as RNAfold's: '>id', the sequence, 'structure (value)' per record -- the free energy in "
+               "kcal/mol for energy parameters (turner2004, the default), the model's log-score for a stacking "
+               "model (higher is better, not a free energy); with -p the ensemble line ('[ensemble free energy]' "
+               "or '[log Z = ...]'), the centroid (energy models) and the structure's frequency. See "
+               "'foldax/cli.py' for the files written with -o and --plot. Exit status: 0 ok, 1 bad input or "
+               "parameters, 2 usage.")
     fold.add_argument("inputs", nargs="*", metavar="SEQ|FILE",
                       help="sequences to fold, or files to read (an existing path is read as a file; an argument "
                            "with '/' or '.' is always a path)")

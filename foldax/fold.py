@@ -1,14 +1,13 @@
 """``foldax fold``: reading inputs, batched folding, and RNAfold-style output.
 
-The folding itself is done by :mod:`layers` (no dynamic programming here):
-:func:`layers.decoding.best_structure` / :func:`layers.decoding.mea_structure` for the
-structure, :func:`layers.structure.structure_score` for its score,
-:func:`layers.log_partition` for log Z and :func:`layers.decoding.pair_probs` for the
-base-pair probabilities. Records are grouped by their padded length
-(:func:`layers.bucket_length`, :data:`layers.DEFAULT_BUCKETS`) and each group is folded
-with one batched call per function (split into several calls only when a group is
-bigger than ``batch_size``; a short last batch is padded to a power of two so that
-only a few programs are ever compiled per bucket).
+The folding itself is done by :mod:`layers` (no dynamic programming here), in one
+compiled program per batch shape (:func:`foldax.programs.fold_batch`: the best or MEA
+structure with its score, log Z, the pair probabilities, the centroid; kept across
+runs by :class:`foldax.programs.FoldPrograms`). Records are grouped by their padded
+length (:func:`layers.bucket_length`, :data:`layers.DEFAULT_BUCKETS`) and each group is
+folded in batches (:func:`batches`: several only when a group is bigger than
+``batch_size``; a short last batch is padded to a power of two so that only a few
+programs ever exist per bucket).
 
 Input (:func:`read_inputs`), in the habits of RNAfold:
 
@@ -27,8 +26,8 @@ IUPAC codes, any case; printed upper case with ``T`` as ``U``. A positional argu
 that is neither a sequence nor an existing file is reported as such (``no such
 file`` when it looks like a path: it holds ``/``, ``\\``, ``.`` or starts with ``~``).
 
-What is folded with is a :class:`FoldModel` (:func:`load_model`): score tensors, an
-optional ``phi`` network (a trained :class:`model.models.NeuralPhiModel`), the
+What is folded with is a :class:`FoldModel` (:func:`load_model`): score tensors or
+Turner energy tables (:mod:`foldax.parameters`), an optional ``phi`` network (a trained :class:`model.models.NeuralPhiModel`), the
 model's ``min_hairpin``, and the units of its scores. A score is a natural-log
 weight, ``score(s) = log w(s)``. For most models it is a plain score (higher is
 better) and is printed as ``score``, with ``log Z`` beside it; a model whose

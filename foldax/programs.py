@@ -285,7 +285,7 @@ class FoldPrograms:
         if key in self._programs:
             self.stats["memory"] += 1
             return _numpy(self._programs[key](*args))
-        program = self._load(key)
+        program = self._load(key, mesh)
         if program is not None:
             try:
                 out = _numpy(program(*args))
@@ -301,10 +301,13 @@ class FoldPrograms:
     def _path(self, key: str) -> Path:
         return self.directory / f"{key}.xla"
 
-    def _load(self, key: str):
+    def _load(self, key: str, mesh):
+        import jax
+
         if self.directory is None:
             return None
-        program = _read_program(self._path(key))
+        devices = jax.local_devices()[:1] if mesh is None else list(mesh.devices.flat)
+        program = _read_program(self._path(key), devices)
         if program is not None:
             self.stats["disk"] += 1
         return program
@@ -347,8 +350,9 @@ def _listen_to_jax_cache() -> None:
 MAX_CACHE_BYTES = 2 << 30
 
 
-def _read_program(path: Path):
-    """The compiled program saved in ``path``, or None (absent, or unusable: then it is compiled again)."""
+def _read_program(path: Path, devices):
+    """The compiled program saved in ``path`` for ``devices``, or None (absent, or unusable: then it is
+    compiled again)."""
     import pickle
 
     from jax.experimental import serialize_executable
@@ -359,7 +363,7 @@ def _read_program(path: Path):
     except OSError:
         return None
     try:
-        return serialize_executable.deserialize_and_load(*pickle.loads(blob))
+        return serialize_executable.deserialize_and_load(*pickle.loads(blob), execution_devices=devices)
     except Exception as err:  # noqa: BLE001 - a damaged cache file is rebuilt, never fatal
         print(f"foldax: ignoring the unusable cached program {path} ({type(err).__name__}); compiling it again",
               file=sys.stderr)

@@ -563,7 +563,7 @@ def test_programs_are_kept_on_disk_and_reloaded(tmp_path, capsys, monkeypatch):
     assert "ignoring the unusable cached program" in capsys.readouterr().err
     assert saved[0].read_bytes() != b"not a program"
 
-    def broken(path):  # loads, but fails when run (what a re-saved cache hit of JAX's own cache does)
+    def broken(path, devices):  # loads, but fails when run (what a re-saved cache hit of JAX's own cache does)
         def program(*args):
             raise jax.errors.JaxRuntimeError("NOT_FOUND: Function fusion not found")
         return program
@@ -658,3 +658,28 @@ def test_turner_model_prints_rnafold_numbers(capsys, tmp_path, fasta):
     for record, line in zip(parse_records(out, "dbn"), out.splitlines()[2::3], strict=True):
         energy = vienna_fold(RNA, record.sequence)["fc"].eval_structure(record.dot_bracket)
         assert line.endswith(f"({energy:6.2f})")
+
+
+def test_the_command_keeps_its_programs_and_imports_no_training_stack(tmp_path):
+    """``foldax fold`` as its own process: the second call loads the program the first one saved, and
+    the fold path imports nothing of the training stack (TensorFlow, Grain, Orbax, Optax, Flax...)."""
+    import os
+    import subprocess
+
+    env = dict(os.environ, FOLDAX_CACHE_DIR=str(tmp_path / "cache"), JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="2")
+    cmd = [sys.executable, "-X", "importtime", "-m", "foldax.cli", "fold", "--params", "handset", "GGGGAAACCCC"]
+    runs, inodes = [], []
+    for _ in range(2):  # one sequence (one device), then two (a batch split over both devices)
+        runs += [subprocess.run(c, env=env, capture_output=True, text=True, timeout=600)
+                 for c in (cmd, cmd + ["GGGAAACCCAGGGGAAACCCC"])]
+        assert all(r.returncode == 0 and "failed" not in r.stderr for r in runs), runs[-1].stderr[-3000:]
+        inodes.append({p.stat().st_ino for p in (tmp_path / "cache" / "programs").glob("*.xla")})
+    assert runs[0].stdout == runs[2].stdout and runs[1].stdout == runs[3].stdout
+    assert parse_records(runs[1].stdout, "dbn")[0].dot_bracket == "((((...))))"
+    assert len(inodes[0]) == 2 and inodes[1] == inodes[0]  # two programs, loaded (not written again) the second time
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in runs[0].stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "jax" in imported and "layers" in imported
+    heavy = {"tensorflow", "tensorflow_datasets", "grain", "orbax", "optax", "flax", "matplotlib", "train", "model",
+             "tensorboardX", "ml_collections"}
+    assert not imported & heavy, imported & heavy
