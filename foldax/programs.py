@@ -131,12 +131,13 @@ def fold_batch(params, tokens, lengths, phi, gamma, *, request: Request) -> dict
     ``eval_structure``) of the structures not found by the max semiring: ``energy [B]``
     for the MEA structure, ``centroid_energy [B]``.
     """
+    import jax
     import jax.numpy as jnp
 
     import layers
 
     h = request.min_hairpin
-    dtype = jnp.result_type(*_leaves(params))
+    dtype = jnp.result_type(*jax.tree.leaves(params))
     pair_phi = jnp.zeros(tokens.shape + tokens.shape[-1:], dtype) if phi is None else phi.astype(dtype)
     out = {}
     if request.needs_probs:
@@ -171,12 +172,6 @@ def _values(params, tokens, table, lengths, phi, request, score_name, energy_nam
     if request.energy:
         out[energy_name] = layers.free_energy(params, tokens, table, lengths)
     return out
-
-
-def _leaves(tree):
-    import jax
-
-    return jax.tree.leaves(tree)
 
 
 # --------------------------------------------------------------------------- #
@@ -395,7 +390,14 @@ def _write_program(path: Path, compiled) -> None:
 
 def _prune(directory: Path, max_bytes: int) -> None:
     """Deletes the least recently used programs until the folder holds at most ``max_bytes``."""
-    files = sorted((p.stat().st_mtime, p.stat().st_size, p) for p in directory.glob("*.xla"))
+    files = []
+    for path in directory.glob("*.xla"):
+        try:
+            info = path.stat()
+        except OSError:  # removed meanwhile by another foldax
+            continue
+        files.append((info.st_mtime, info.st_size, path))
+    files.sort()
     total = sum(size for _, size, _ in files)
     for _, size, path in files[:-1]:  # never the newest
         if total <= max_bytes:

@@ -683,3 +683,18 @@ def test_the_command_keeps_its_programs_and_imports_no_training_stack(tmp_path):
     heavy = {"tensorflow", "tensorflow_datasets", "grain", "orbax", "optax", "flax", "matplotlib", "train", "model",
              "tensorboardX", "ml_collections"}
     assert not imported & heavy, imported & heavy
+
+
+def test_the_program_cache_keeps_the_most_recently_used(tmp_path):
+    import os
+
+    from foldax import programs
+
+    for k, size in enumerate((300, 300, 300)):
+        path = tmp_path / f"p{k}.xla"
+        path.write_bytes(b"x" * size)
+        os.utime(path, (1000 + k, 1000 + k))  # p0 used longest ago
+    programs._prune(tmp_path, 700)
+    assert sorted(p.name for p in tmp_path.glob("*.xla")) == ["p1.xla", "p2.xla"]
+    programs._prune(tmp_path, 10)  # the newest always stays
+    assert [p.name for p in tmp_path.glob("*.xla")] == ["p2.xla"]
