@@ -172,8 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help=SUBCOMMANDS["plot"])
     plot.add_argument("--workdir", required=True, help="training workdir (TensorBoard event files / metrics.jsonl)")
     plot.add_argument("-o", "--output", metavar="PNG", help="output file (default WORKDIR/training_curves.png)")
-    plot.add_argument("--loss-tags", nargs="+", metavar="TAG", help="tags for the loss panel (default: tags named loss, */loss, *_loss)")
-    plot.add_argument("--f1-tags", nargs="+", metavar="TAG", help="tags for the F1 panel (default: tags named f1, */f1, *_f1)")
+    plot.add_argument("--loss-tags", nargs="+", metavar="TAG",
+                      help="tags for the loss panel (default: tags named loss, */loss, *_loss)")
+    plot.add_argument("--f1-tags", nargs="+", metavar="TAG",
+                      help="tags for the F1 panel (default: tags named f1, */f1, *_f1)")
 
     for name in FORWARDED:
         fwd = sub.add_parser(name, help=f"{SUBCOMMANDS[name]} (see 'foldax {name} --help')", add_help=False)

@@ -27,8 +27,9 @@ that is neither a sequence nor an existing file is reported as such (``no such
 file`` when it looks like a path: it holds ``/``, ``\\``, ``.`` or starts with ``~``).
 
 What is folded with is a :class:`FoldModel` (:func:`load_model`): score tensors or
-Turner energy tables (:mod:`foldax.parameters`), an optional ``phi`` network (a trained :class:`model.models.NeuralPhiModel`), the
-model's ``min_hairpin``, and the units of its scores. A score is a natural-log
+Turner energy tables (:mod:`foldax.parameters`), an optional ``phi`` network (a trained
+:class:`model.models.NeuralPhiModel`), the model's ``min_hairpin``, and the units of its
+scores. A score is a natural-log
 weight, ``score(s) = log w(s)``. For most models it is a plain score (higher is
 better) and is printed as ``score``, with ``log Z`` beside it; a model whose
 log-weights are ``-E(s) / kT`` of a free energy declares ``energy_kT = kT``
@@ -51,7 +52,6 @@ import numpy as np
 import layers
 from layers.dotbracket import StructureError, from_dot_bracket, pairs_from_table, to_dot_bracket
 
-PARAM_KEYS = ("stack", "pair", "unpaired", "loop")
 #: Formats read with :mod:`data.formats` (everything else is read as FASTA-like text).
 STRUCTURED_EXTENSIONS = {".bpseq": "bpseq", ".ct": "ct", ".tsv": "tsv"}
 #: Cells (batch x L x L) one batched call may hold when ``batch_size`` is automatic.

@@ -168,7 +168,8 @@ def test_partition_writes_bpp_and_ensemble_line(capsys, tmp_path, fasta):
         per_base = np.bincount(i - 1, p, len(seq)) + np.bincount(j - 1, p, len(seq))
         assert per_base.max() <= 1 + 1e-4
         written = (tmp_path / f"{rid}.dbn").read_text()  # the -p lines as comments: still a .dbn file
-        assert written == "\n".join(lines[5 * k:5 * k + 3] + ["# " + line for line in lines[5 * k + 3:5 * k + 5]]) + "\n"
+        commented = ["# " + line for line in lines[5 * k + 3:5 * k + 5]]
+        assert written == "\n".join(lines[5 * k:5 * k + 3] + commented) + "\n"
         [record] = parse_records(written, "dbn")
         assert (record.id, record.sequence) == (rid, seq)
 
@@ -371,8 +372,6 @@ def saved_workdir(path, checkpoints, *, name="stacking", min_hairpin=3, perturb=
     from flax import nnx
 
     from train import train as trainer
-    from pathlib import Path
-
     from train.main import load_config_file
 
     config = load_config_file(str(Path(__file__).resolve().parents[1] / "configs" / "tiny.py"))

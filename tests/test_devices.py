@@ -154,10 +154,23 @@ USE_ALL_CORES = textwrap.dedent(
 )
 
 
+SETUP_JAX = textwrap.dedent(
+    """
+    import jax, ml_collections
+    from train import train as trainer
+    trainer.setup_jax(ml_collections.ConfigDict({"batch_size": 4, "eval_batch_size": 6}))
+    print(jax.device_count())
+    """
+)
+
+
 def test_use_all_cores_before_jax_starts_and_too_late():
     cases = {"": devices.cpu_cores(), "3": 3, "divides=9": max(d for d in (1, 3, 9) if d <= devices.cpu_cores())}
-    outs = _run_all([([sys.executable, "-c", USE_ALL_CORES % argument], _env(None)) for argument in cases])
-    assert [int(out.split()[-1]) for out in outs] == list(cases.values())
+    commands = [([sys.executable, "-c", USE_ALL_CORES % argument], _env(None)) for argument in cases]
+    # the training program: one device per core that divides both batch sizes (gcd 2), unless the user chose
+    commands += [([sys.executable, "-c", SETUP_JAX], _env(None)), ([sys.executable, "-c", SETUP_JAX], _env(1))]
+    outs = [int(out.split()[-1]) for out in _run_all(commands)]
+    assert outs == [*cases.values(), min(2, devices.cpu_cores()), 1]
 
 
 def test_a_user_choice_is_respected():
