@@ -278,12 +278,28 @@ def _program_cache(own_process: bool):
     return programs.FoldPrograms(directory, notice=notice)
 
 
+class _NoBar:
+    """What :func:`_progress_bar` gives when there is no terminal (tqdm is not even imported)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n=1):
+        pass
+
+    clear = refresh = update
+
+
 def _progress_bar(total: int):
     """A tqdm bar on stderr when stderr is a terminal (never in pipes and logs)."""
+    if not sys.stderr.isatty():
+        return _NoBar()
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="seq", desc="foldax fold", disable=None, leave=False, file=sys.stderr,
-                dynamic_ncols=True)
+    return tqdm(total=total, unit="seq", desc="foldax fold", leave=False, file=sys.stderr, dynamic_ncols=True)
 
 
 def run_fold(args, *, own_process: bool = False) -> int:

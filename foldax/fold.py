@@ -716,15 +716,16 @@ def format_result(result: FoldResult, fmt: str = "dbn", *, comments: bool = Fals
     written by :func:`data.formats.format_records` and reads back with
     :func:`data.formats.parse_records`.
     """
-    from data.formats import format_records
-
-    rec = _record(result)
     value = result.energy if result.is_energy else result.score
     if fmt == "dbn":
+        rec = result.record
         text = f">{rec.id}\n{rec.sequence}\n{to_dot_bracket(result.structure)} ({value:6.2f})\n"
         if result.log_z is not None:
             text += "".join(f"{'# ' if comments else ''}{line}\n" for line in _ensemble_lines(result))
         return text
+    from data.formats import format_records
+
+    rec = _record(result)
     if fmt == "bpseq":
         body = format_records([rec], "bpseq")
         head, rest = body.split("\n", 1)

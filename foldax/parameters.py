@@ -65,8 +65,11 @@ def _data_path(file: str) -> str:
     return str(resources.files("layers").joinpath("data", file))
 
 
-def load(spec: str, *, dtype=np.float32):
+def load(spec: str, *, dtype=None):
     """``(params, Provenance)`` of a registry name or a parameter file (see the module docstring).
+
+    ``dtype``: of the energy tables read from files; default JAX's default float (float32,
+    or float64 with ``jax_enable_x64``), which also spares a conversion program per table.
 
     Raises FileNotFoundError (no such name or file; the message lists the names) or
     ValueError (an unreadable or malformed file, naming it).

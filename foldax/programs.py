@@ -360,8 +360,9 @@ def _read_program(path: Path, devices):
     try:
         return serialize_executable.deserialize_and_load(*pickle.loads(blob), execution_devices=devices)
     except Exception as err:  # noqa: BLE001 - a damaged cache file is rebuilt, never fatal
-        print(f"foldax: ignoring the unusable cached program {path} ({type(err).__name__}); compiling it again",
+        print(f"foldax: removing the unusable cached program {path} ({type(err).__name__}); compiling it again",
               file=sys.stderr)
+        path.unlink(missing_ok=True)
         return None
 
 

@@ -536,7 +536,33 @@ def test_default_parameters_are_the_turner_model(monkeypatch):
 # --------------------------------------------------------------------------- #
 
 
-def test_programs_are_kept_on_disk_and_reloaded(tmp_path, capsys, monkeypatch):
+def _jax_cache_as(directory, enabled):
+    """Sets JAX's own persistent compilation cache (training tests in this process turn it on);
+    returns how it was."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    before = jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_enable_compilation_cache", enabled)
+    compilation_cache.reset_cache()
+    return before
+
+
+@pytest.fixture
+def no_jax_cache():
+    before = _jax_cache_as(None, False)
+    yield
+    _jax_cache_as(*before)
+
+
+@pytest.fixture
+def jax_cache(tmp_path):
+    before = _jax_cache_as(str(tmp_path / "jax"), True)
+    yield tmp_path / "jax"
+    _jax_cache_as(*before)
+
+
+def test_programs_are_kept_on_disk_and_reloaded(tmp_path, capsys, monkeypatch, no_jax_cache):
     from foldax import fold as F
     from foldax import programs
 
@@ -553,16 +579,17 @@ def test_programs_are_kept_on_disk_and_reloaded(tmp_path, capsys, monkeypatch):
         assert x.dot_bracket == y.dot_bracket and x.score == y.score and x.log_z == y.log_z
         np.testing.assert_array_equal(x.probs, y.probs)
     F.fold_records(layers.default_params(), records, programs=second)  # another request: another program
-    assert second.stats == {"disk": 1, "compiled": 1} and len(list((tmp_path / "programs").glob("*.xla"))) == 2
+    assert second.stats == {"disk": 1, "compiled": 1}, second.stats
+    assert len(list((tmp_path / "programs").glob("*.xla"))) == 2
 
     saved[0].write_bytes(b"not a program")  # damaged: said, compiled again, saved again
     third = programs.FoldPrograms(tmp_path)
     c = F.fold_records(layers.default_params(), records, partition=True, probs=True, programs=third)
     assert third.stats == {"compiled": 1} and [r.dot_bracket for r in c] == [r.dot_bracket for r in a]
-    assert "ignoring the unusable cached program" in capsys.readouterr().err
+    assert "removing the unusable cached program" in capsys.readouterr().err
     assert saved[0].read_bytes() != b"not a program"
 
-    def broken(path, devices):  # loads, but fails when run (what a re-saved cache hit of JAX's own cache does)
+    def broken(path, devices):  # loads, but fails when run
         def program(*args):
             raise jax.errors.JaxRuntimeError("NOT_FOUND: Function fusion not found")
         return program
@@ -572,6 +599,25 @@ def test_programs_are_kept_on_disk_and_reloaded(tmp_path, capsys, monkeypatch):
     d = F.fold_records(layers.default_params(), records, partition=True, probs=True, programs=fourth)
     assert fourth.stats == {"disk": 1, "compiled": 1} and [r.score for r in d] == [r.score for r in a]
     assert "failed" in capsys.readouterr().err
+
+
+def test_a_program_from_jax_own_cache_is_not_saved(tmp_path, jax_cache):
+    """An executable JAX loaded from its persistent cache breaks when saved again: never saved."""
+    from foldax import fold as F
+    from foldax import programs
+
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    records = [F.InputRecord("hp", "GGGGAAACCCC")]
+    F.fold_records(layers.default_params(), records, min_hairpin=5, programs=programs.FoldPrograms(None))
+    assert list(jax_cache.iterdir())  # JAX's cache has the program now
+    again = programs.FoldPrograms(tmp_path / "ours")
+    F.fold_records(layers.default_params(), records, min_hairpin=5, programs=again)
+    assert again.stats == {"compiled": 1} and not list((tmp_path / "ours").glob("programs/*.xla"))
+    (tmp_path / "ours" / "programs").mkdir(parents=True)
+    damaged = tmp_path / "ours" / "programs" / f"{next(iter(again._programs))}.xla"
+    damaged.write_bytes(b"damaged")  # an unusable file is removed, not read again on every run
+    F.fold_records(layers.default_params(), records, min_hairpin=5, programs=programs.FoldPrograms(tmp_path / "ours"))
+    assert not damaged.exists()
 
 
 def test_program_keys_change_with_what_a_program_depends_on():
