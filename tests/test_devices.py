@@ -176,8 +176,7 @@ def test_use_all_cores_before_jax_starts_and_too_late():
 def test_a_user_choice_is_respected():
     assert devices.cpu_devices_chosen({"JAX_NUM_CPU_DEVICES": "1"})
     assert devices.cpu_devices_chosen({"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
-    assert not devices.cpu_devices_chosen({"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}) or \
-        int(__import__("jax").config.jax_num_cpu_devices) >= 0
+    assert not devices.cpu_devices_chosen({"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"})  # another flag
     assert [devices._largest_divisor(b, 4) for b in (1, 2, 3, 6, 7, 8, 12)] == [1, 2, 3, 3, 1, 4, 4]
 
 
