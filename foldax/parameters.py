@@ -22,9 +22,6 @@ import dataclasses
 import json
 import os
 from functools import lru_cache
-from importlib import resources
-
-import numpy as np
 
 __all__ = ["DEFAULT", "Provenance", "shipped", "load", "STACKING_KEYS"]
 
@@ -57,11 +54,15 @@ class Provenance:
 @lru_cache(maxsize=1)
 def shipped() -> dict:
     """The registry: ``{name: entry}`` (see ``layers/data/registry.json``)."""
+    from importlib import resources
+
     text = resources.files("layers").joinpath("data", REGISTRY).read_text(encoding="utf-8")
     return json.loads(text)["params"]
 
 
 def _data_path(file: str) -> str:
+    from importlib import resources
+
     return str(resources.files("layers").joinpath("data", file))
 
 
@@ -172,6 +173,8 @@ def _describe(record) -> str:
 
 
 def _read_npz(path: str):
+    import numpy as np
+
     import layers
 
     try:
