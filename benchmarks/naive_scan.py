@@ -11,12 +11,29 @@ Correctness without masks rests on the chart initialisation: P starts at -inf
 and is only ever written on diagonals already finished, so at step d the row
 P[i, :] is -inf for every split k that is not yet valid (k < i+h+1 or k >= j);
 Z and Zn start at 0, which is exactly their value on empty spans (i = j+1).
+
+Differentiable: ``jax.grad`` gives the expected counts of the parameters (reverse mode
+through the scan, so it keeps every step's chart: O(n^3) memory). Rows without any
+valid split are reduced with the double-``where`` of :func:`_reduce_rows`, so no NaN.
 """
 from functools import partial
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+
+def _reduce_rows(reduce, rows, neg):
+    """``reduce`` over each row, ``neg`` (-inf) for a row with no finite entry.
+
+    A row of only -inf (no split point is valid yet) has value -inf but its logsumexp
+    gradient is 0/0 = NaN, which ``0 * NaN`` carries into every parameter. The usual
+    double ``where``: reduce a harmless row of zeros instead, then select -inf, so the
+    unused branch's gradient is an exact 0.
+    """
+    live = jnp.any(rows > neg, axis=-1)
+    safe = jnp.where(live[:, None], rows, 0)
+    return jnp.where(live, reduce(safe), neg)
 
 
 @partial(jax.jit, static_argnames=("min_hairpin", "semiring"))
@@ -51,7 +68,7 @@ def naive_log_partition(params, tokens, min_hairpin=3, phi=None, semiring="log")
         p_new = params["pair"][x, x_j] + phi[i, jc] + inner
         p_new = jnp.where(d > h, p_new, neg)
         # Bifurcation over every k for every row: [i, k] = P[i, k] + Z[k+1, j_i].
-        bif = reduce(P[:n, :n] + Z[1:, jc].T)
+        bif = _reduce_rows(reduce, P[:n, :n] + Z[1:, jc].T, neg)
         zn_new = add(params["unpaired"][x] + Z[i + 1, jc], bif)
         z_new = add(zn_new, p_new)
         jw = jnp.where(j < n, j, n + 1)  # out of bounds -> dropped

@@ -277,15 +277,17 @@ def _table_from_partners(partners: Sequence[int], lines: Sequence[int], *, path:
     out of range, itself, or does not point back.
     """
     n = len(partners)
-    p = np.asarray(partners, dtype=np.int64)
+    # Partners are Python ints of any size (a file may say 99999999999999999999): anything outside
+    # 0..n is out of range, so it becomes -1 before it meets int64.
+    p = np.array([q if 0 <= q <= n else -1 for q in partners], dtype=np.int64)
     index = np.arange(1, n + 1)
-    in_range = (p >= 1) & (p <= n)
+    in_range = p >= 1
     back = np.zeros(n, dtype=np.int64)
     back[in_range] = p[p[in_range] - 1]
     bad = np.flatnonzero((p != 0) & (~in_range | (p == index) | (back != index)))
     if bad.size:
         i = int(bad[0])
-        k, q = i + 1, int(p[i])
+        k, q = i + 1, int(partners[i])
         if not 1 <= q <= n:
             problem = f"nucleotide {k} has partner {q}, out of range 1..{n}"
         elif q == k:
@@ -418,18 +420,29 @@ def _parse_bpseq(lines: _Lines, path: str) -> Iterator:
             if rid is None and match:
                 rid = match.group(1)
             continue
-        index = int(fields[0])
-        if index != len(bases) + 1:
-            yield FormatError(f"expected nucleotide index {len(bases) + 1}, found {index}", path=path,
-                              line=line, record=rid)
+        error = _add_nucleotide((bases, partners, numbers), int(fields[0]), fields[1], int(fields[2]),
+                                path=path, line=line, record=rid)
+        if error is not None:
+            yield error
             return
-        bases.append(fields[1])
-        partners.append(int(fields[2]))
-        numbers.append(line)
     if not bases:
         yield FormatError("no 'index base partner' lines", path=path, record=rid, reason="empty")
         return
     yield _partner_record(rid, bases, partners, numbers, start, path)
+
+
+def _add_nucleotide(columns, index: int, base: str, partner: int, *, path: str, line: int, record: str | None
+                    ) -> FormatError | None:
+    """Appends one CT/BPSEQ nucleotide line to ``columns = (bases, partners, line numbers)``; returns
+    the FormatError (not raised: the parsers yield it) when ``index`` is not the next one."""
+    bases, partners, numbers = columns
+    if index != len(bases) + 1:
+        return FormatError(f"expected nucleotide index {len(bases) + 1}, found {index}", path=path, line=line,
+                           record=record)
+    bases.append(base)
+    partners.append(partner)
+    numbers.append(line)
+    return None
 
 
 def _partner_record(rid, bases, partners, numbers, start, path):
@@ -468,12 +481,17 @@ def _format_bpseq(records: Sequence[RnaRecord]) -> str:
 _CT_ENERGY = re.compile(r"^(?:ENERGY|dG)\s*=\s*\S+\s*(?:\[[^\]]*\]\s*)?(.*)$", re.IGNORECASE)
 
 
+_CT_COUNT = re.compile(r"[0-9]+")
+_CT_SIGNED = re.compile(r"-?[0-9]+")
+
+
 def _is_ct_data_line(cols: Sequence[str]) -> bool:
-    """``index base prev next partner natural``: six fields, all but the base integers."""
+    """``index base prev next partner natural``: six fields, all but the base integers (ASCII digits,
+    at most one leading ``-`` on the last two: ``int()`` reads every field that passes)."""
     return (
         len(cols) == 6
-        and cols[0].isdigit() and cols[2].isdigit() and cols[3].isdigit()
-        and cols[4].lstrip("-").isdigit() and cols[5].lstrip("-").isdigit()
+        and all(_CT_COUNT.fullmatch(c) for c in (cols[0], cols[2], cols[3]))
+        and all(_CT_SIGNED.fullmatch(c) for c in (cols[4], cols[5]))
     )
 
 
@@ -524,14 +542,17 @@ def _parse_ct(lines: _Lines, path: str) -> Iterator:
             line, text = content[k]
             cols = text.split()
             if not _is_ct_data_line(cols):
+                if len(cols) == 6 and cols[0] == str(len(bases) + 1):  # the next nucleotide, but malformed
+                    yield FormatError(f"malformed nucleotide line {text.strip()[:60]!r} (expected 'index base "
+                                      f"prev next partner natural': integers but the base)", path=path, line=line,
+                                      record=rid)
+                    return
                 break  # the next header (or junk): the record is truncated
-            if int(cols[0]) != len(bases) + 1:
-                yield FormatError(f"expected nucleotide index {len(bases) + 1}, found {cols[0]}", path=path,
-                                  line=line, record=rid)
+            error = _add_nucleotide((bases, partners, numbers), int(cols[0]), cols[1], int(cols[4]),
+                                    path=path, line=line, record=rid)
+            if error is not None:
+                yield error
                 return
-            bases.append(cols[1])
-            partners.append(int(cols[4]))
-            numbers.append(line)
             k += 1
         if len(bases) < n:
             where = "the end of the file" if k == len(content) else f"line {content[k][0]}"

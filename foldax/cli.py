@@ -2,24 +2,27 @@
 
 Subcommands::
 
-    foldax fold [SEQ|FILE ...] [-i FILE|-] [--params P] [--mea [--gamma G]] [-p]
+    foldax fold [SEQ|FILE ...] [-i FILE|-] [--params P | --model NAME] [--mea [--gamma G]] [-p]
                 [--format dbn|bpseq|ct] [-o PREFIX] [--plot] [--skip-invalid] ...
     foldax plot --workdir W [-o OUT.png]
     foldax train ... / foldax eval ... / foldax export-params ...   (see train.main)
     foldax familyfold --config C --workdir W ...                      (see train.familyfold)
 
-``foldax fold`` prints, for each record (RNAfold style)::
+``foldax fold`` folds with the parameters of ``--params`` (default
+:data:`foldax.parameters.DEFAULT`, the Turner 2004 energies) and prints, for each
+record, what RNAfold prints::
 
     >id
     SEQUENCE
-    STRUCTURE (score)
+    STRUCTURE ( -4.50)
 
-``score`` is the model score of the structure (a natural-log weight, higher is
-better; it is not a free energy -- only a model that declares its scores energies,
-see :class:`foldax.fold.FoldModel`, prints a free energy in kcal/mol here, as
-RNAfold). With ``-p`` two more lines follow: RNAfold's pseudo-bracket summary of the
-pair probabilities with ``[log Z = ...]`` (an energy model: RNAfold's ``[ensemble
-free energy]``), and the structure's probability in the ensemble with the ensemble
+For energy parameters (Turner) the value is the structure's free energy in kcal/mol
+and ``-p`` adds RNAfold's three lines: the pseudo-bracket summary of the pair
+probabilities with the ensemble free energy ``[ -4.87]``, the centroid structure
+``{ -4.50 d=2.98}``, and `` frequency of mfe structure in ensemble 0.545923; ensemble
+diversity 3.53``. For a stacking model the value is the structure's *score* (a
+natural-log weight, higher is better, never called an energy), and ``-p`` adds the
+pseudo-brackets with ``[log Z = ...]`` and the structure's frequency with the ensemble
 diversity. ``--format bpseq|ct`` prints those formats instead (score and log Z in
 the header/comments; a CT header says ``score = S``, and ``ENERGY = E`` only for an
 energy model). Output files with ``-o PREFIX`` (PREFIX may be a directory:
@@ -27,7 +30,7 @@ energy model). Output files with ``-o PREFIX`` (PREFIX may be a directory:
 ``A-Za-z0-9._+-`` become ``_``; a repeated id gets ``_2``...):
 
 * ``PREFIX<id>.<dbn|bpseq|ct>``: what was printed for the record (in .dbn files the
-  two ``-p`` lines start with ``# ``, so every file reads back with ``data.formats``);
+  ``-p`` lines start with ``# ``, so every file reads back with ``data.formats``);
 * ``PREFIX<id>_bpp.txt`` (with ``-p``): two ``#`` header lines, then ``i j p`` lines,
   1-based, ``i < j``, ``p >= --bpp-cutoff``;
 * ``PREFIX<id>_dp.png`` and ``PREFIX<id>_arc.png`` (with ``--plot``; without ``-o``
@@ -36,10 +39,20 @@ energy model). Output files with ``-o PREFIX`` (PREFIX may be a directory:
   structure -- the decoder is named in the title -- and the reference, if the input
   had one) and the arc diagram.
 
-``--params`` takes an ``.npz`` (``foldax export-params``) or a training workdir: then
-the workdir's best checkpoint (``--checkpoint latest``: its latest) is restored as
-the whole model -- a neural model folds with its ``phi`` network -- and stderr says
-which checkpoint it was (a ``params.npz`` in the workdir is not used).
+``--params`` takes a shipped parameter set by name (``turner2004``, ``stacking``,
+``handset``: :mod:`foldax.parameters`; ``--model NAME`` is the same), a parameter file
+(``.par``, ``.json``, ``.npz``) or a training workdir: then the workdir's best checkpoint
+(``--checkpoint latest``: its latest) is restored as the whole model -- a neural model
+folds with its ``phi`` network -- and stderr says which checkpoint it was (a
+``params.npz`` in the workdir is not used). stderr always names the parameters used
+and where they came from.
+
+Speed: the first use of a batch shape compiles a program (seconds for the stacking
+model, tens of seconds for the Turner model today), which is kept in
+``~/.cache/foldax/programs`` (:mod:`foldax.programs`; ``FOLDAX_CACHE_DIR`` elsewhere,
+empty for none): later calls load it. Sequences are folded in batches by length
+bucket, split over one CPU device per core (``JAX_NUM_CPU_DEVICES`` chooses another
+count), with a progress bar when stderr is a terminal.
 
 Exit status: 0 on success; 1 for bad input (every bad record is reported, naming
 its id, ``file:line`` and the position of the bad character) or bad parameters;
@@ -54,8 +67,11 @@ import json
 import os
 import sys
 
+from foldax.parameters import DEFAULT as DEFAULT_PARAMS  # no JAX: that starts after the command line is read
+
 FORWARDED = ("train", "eval", "export-params")
-BLOCK = 512  # records folded (and kept in memory) at a time
+#: Records folded (and kept in memory) at a time: fewer when each keeps its [n, n] pair probabilities.
+BLOCK, BLOCK_WITH_PROBS = 8192, 512
 
 
 def _nonneg_int(text):
@@ -89,8 +105,9 @@ SUBCOMMANDS = {
 
 MAIN_EPILOG = """\
 examples:
-  foldax fold GGGGAAACCCC                                   best structure and its score
-  foldax fold -i seqs.fa -p --mea --gamma 2 -o out/ --plot  log Z, bpp files, dot plots
+  foldax fold GGGGAAACCCC                                   MFE structure and its energy (Turner 2004)
+  foldax fold -i seqs.fa -p                                 ... with RNAfold -p's ensemble lines
+  foldax fold -i seqs.fa -p --mea --gamma 2 -o out/ --plot  MEA structures, bpp files, dot plots
   foldax train --config default --workdir runs/default      train on ArchiveII (tRNA held out)
   foldax train --config tiny --workdir runs/tiny --config.num_train_steps=60 --config.batch_size=16
   foldax eval --workdir runs/default                        test metrics of the best checkpoint
@@ -113,17 +130,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Predict secondary structures. Input: sequences or files as arguments, -i FILE, or "
                     "stdin (FASTA, plain one-per-line, or dot-bracket with reference structures; "
                     ".bpseq/.ct/.tsv files by extension).",
-        epilog="Output: '>id', the sequence, 'structure (score)' per record (score: the model's log-score, "
-               "higher is better, not a free energy); with -p also 'ensemble [log Z = ...]' and the "
-               "structure's frequency. See 'foldax/cli.py' for the files written with -o and --plot. Exit "
-               "status: 0 ok, 1 bad input or parameters, 2 usage.")
+        epilog="Output, as RNAfold's: '>id', the sequence, 'structure (value)' per record -- the free energy in "
+               "kcal/mol for energy parameters (turner2004, the default), the model's log-score for a stacking "
+               "model (higher is better, not a free energy); with -p the ensemble line ('[ensemble free energy]' "
+               "or '[log Z = ...]'), the centroid (energy models) and the structure's frequency. See "
+               "'foldax/cli.py' for the files written with -o and --plot. Exit status: 0 ok, 1 bad input or "
+               "parameters, 2 usage.")
     fold.add_argument("inputs", nargs="*", metavar="SEQ|FILE",
                       help="sequences to fold, or files to read (an existing path is read as a file; an argument "
                            "with '/' or '.' is always a path)")
     fold.add_argument("-i", "--input", metavar="FILE", help="read records from FILE ('-' = stdin)")
-    fold.add_argument("--params", metavar="NPZ|WORKDIR",
-                      help="trained model: an .npz from 'foldax export-params', or a training workdir (its best "
-                           "checkpoint, the whole model; default: layers.default_params(), the built-in scores)")
+    fold.add_argument("--params", metavar="NAME|FILE|WORKDIR",
+                      help="the parameters: a shipped set by name (turner2004: Turner 2004 free energies, RNAfold's; "
+                           "stacking: the stacking model trained on ArchiveII; handset: hand-set stacking scores), a "
+                           "file (.par ViennaRNA parameter file, .json Turner tables, .npz from 'foldax "
+                           "export-params'), or a training workdir (its best checkpoint, the whole model); default: "
+                           f"{DEFAULT_PARAMS}. stderr says which parameters were used and where they came from")
+    fold.add_argument("--model", metavar="NAME", help="the same as --params NAME (a shipped parameter set)")
     fold.add_argument("--checkpoint", choices=("best", "latest"), default=None,
                       help="with --params WORKDIR: the best checkpoint by the validation metric (default) or "
                            "the latest")
@@ -150,8 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help=SUBCOMMANDS["plot"])
     plot.add_argument("--workdir", required=True, help="training workdir (TensorBoard event files / metrics.jsonl)")
     plot.add_argument("-o", "--output", metavar="PNG", help="output file (default WORKDIR/training_curves.png)")
-    plot.add_argument("--loss-tags", nargs="+", metavar="TAG", help="tags for the loss panel (default: tags named loss, */loss, *_loss)")
-    plot.add_argument("--f1-tags", nargs="+", metavar="TAG", help="tags for the F1 panel (default: tags named f1, */f1, *_f1)")
+    plot.add_argument("--loss-tags", nargs="+", metavar="TAG",
+                      help="tags for the loss panel (default: tags named loss, */loss, *_loss)")
+    plot.add_argument("--f1-tags", nargs="+", metavar="TAG",
+                      help="tags for the F1 panel (default: tags named f1, */f1, *_f1)")
 
     for name in FORWARDED:
         fwd = sub.add_parser(name, help=f"{SUBCOMMANDS[name]} (see 'foldax {name} --help')", add_help=False)
@@ -171,7 +196,14 @@ def _exit_code(err: SystemExit) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``foldax`` console entry point; returns the exit status."""
+    """The ``foldax`` console entry point; returns the exit status.
+
+    When it starts JAX itself (JAX not imported yet: the ``foldax`` command, not a test
+    calling this function), ``foldax fold`` also sets JAX up for the process: one CPU
+    device per core (:func:`layers.devices.default_cpu_devices`) and the program cache
+    (:mod:`foldax.programs`).
+    """
+    own_process = "jax" not in sys.modules
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in FORWARDED:
         import importlib
@@ -196,10 +228,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.gamma is not None and not args.mea:
             print("foldax fold: error: --gamma needs --mea", file=sys.stderr)
             return 2
+        if args.model is not None:
+            if args.params is not None:
+                print("foldax fold: error: give --params or --model, not both", file=sys.stderr)
+                return 2
+            args.params = args.model
         if args.checkpoint is not None and not (args.params and os.path.isdir(args.params)):
             print("foldax fold: error: --checkpoint needs --params WORKDIR (a training workdir)", file=sys.stderr)
             return 2
-        return run_fold(args)
+        return run_fold(args, own_process=own_process)
     if args.command == "plot":
         return run_plot(args)
     return 2  # pragma: no cover - argparse requires a command
@@ -230,7 +267,51 @@ def _write(path: str, text: str) -> None:
         fh.write(text)
 
 
-def run_fold(args) -> int:
+def _program_cache(own_process: bool):
+    """The :class:`foldax.programs.FoldPrograms` of this run. When the process is ours, JAX is set up
+    first (before its first computation): one CPU device per core, and the cache of compiled
+    programs (:func:`foldax.programs.cache_dir`)."""
+    from foldax import programs
+
+    directory = None
+    if own_process:
+        from layers import devices
+
+        devices.default_cpu_devices()
+        directory = programs.cache_dir()
+    notice = None
+    if sys.stderr.isatty():
+        def notice(shape):  # the first use of a program takes a while: say why
+            kept = "kept for next time" if directory else "not kept: no cache directory"
+            _err(f"compiling the program for batches of {shape[0]} x {shape[1]} nt (first use; {kept})")
+    return programs.FoldPrograms(directory, notice=notice)
+
+
+class _NoBar:
+    """What :func:`_progress_bar` gives when there is no terminal (tqdm is not even imported)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n=1):
+        pass
+
+    clear = refresh = update
+
+
+def _progress_bar(total: int):
+    """A tqdm bar on stderr when stderr is a terminal (never in pipes and logs)."""
+    if not sys.stderr.isatty():
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="seq", desc="foldax fold", leave=False, file=sys.stderr, dynamic_ncols=True)
+
+
+def run_fold(args, *, own_process: bool = False) -> int:
     from foldax import fold as F
 
     items = F.read_inputs(args.inputs, args.input)
@@ -244,6 +325,7 @@ def run_fold(args) -> int:
     if not records:
         _err("error: no sequences to fold" + (" (all records were invalid)" if errors else ""))
         return 1
+    programs = _program_cache(own_process)
     try:
         model = F.load_model(args.params, checkpoint=args.checkpoint or "best")
     except (OSError, ValueError) as err:
@@ -256,29 +338,43 @@ def run_fold(args) -> int:
     want_probs = args.partition or args.plot
     gamma = 1.0 if args.gamma is None else args.gamma
     decoder = decoder_name(model, mea=args.mea, gamma=gamma)
+    block_size = BLOCK_WITH_PROBS if want_probs else BLOCK
     plotted = []
-    for start in range(0, len(records), BLOCK):
-        block = records[start:start + BLOCK]
-        results = F.fold_records(model, block, mea=args.mea, gamma=gamma, partition=args.partition,
-                                 probs=want_probs, min_hairpin=args.min_hairpin, batch_size=args.batch_size)
-        for result, stem in zip(results, stems[start:start + BLOCK]):
-            text = F.format_result(result, args.format)
-            sys.stdout.write(text)
-            if args.format == "bpseq" and len(records) > 1:
-                sys.stdout.write("\n")
-            base = _base_path(args.prefix, stem)
-            if args.prefix is not None:
-                _write(f"{base}.{args.format}", F.format_result(result, args.format, comments=True))
-                if args.partition:
-                    _write(f"{base}_bpp.txt", F.bpp_text(result, args.bpp_cutoff))
-            if args.plot:
-                plotted.extend(_plot_result(result, base, decoder))
-        sys.stdout.flush()
+    with _progress_bar(len(records)) as bar:
+        for start in range(0, len(records), block_size):
+            block = records[start:start + block_size]
+            results = F.fold_records(model, block, mea=args.mea, gamma=gamma, partition=args.partition,
+                                     probs=want_probs, min_hairpin=args.min_hairpin, batch_size=args.batch_size,
+                                     programs=programs, progress=bar.update)
+            bar.clear()  # the bar and the printed results share the terminal
+            plotted += _write_results(args, results, stems[start:start + block_size], decoder,
+                                      several=len(records) > 1)
+            bar.refresh()
     if plotted and args.prefix is None:
         shown = ", ".join(plotted[:4]) + (f" and {len(plotted) - 4} more" if len(plotted) > 4 else "")
         _err(f"--plot without -o: wrote {len(plotted)} PNG file(s) to the current directory {os.getcwd()}: "
              f"{shown} (use -o DIR/ to choose where)")
     return 0
+
+
+def _write_results(args, results, stems, decoder: str, *, several: bool) -> list[str]:
+    """Prints (and with -o writes) a block of results; returns the PNG files written."""
+    from foldax import fold as F
+
+    plotted = []
+    for result, stem in zip(results, stems):
+        sys.stdout.write(F.format_result(result, args.format))
+        if args.format == "bpseq" and several:
+            sys.stdout.write("\n")
+        base = _base_path(args.prefix, stem)
+        if args.prefix is not None:
+            _write(f"{base}.{args.format}", F.format_result(result, args.format, comments=True))
+            if args.partition:
+                _write(f"{base}_bpp.txt", F.bpp_text(result, args.bpp_cutoff))
+        if args.plot:
+            plotted.extend(_plot_result(result, base, decoder))
+    sys.stdout.flush()
+    return plotted
 
 
 def decoder_name(model, *, mea: bool, gamma: float) -> str:

@@ -1,14 +1,13 @@
 """``foldax fold``: reading inputs, batched folding, and RNAfold-style output.
 
-The folding itself is done by :mod:`layers` (no dynamic programming here):
-:func:`layers.decoding.best_structure` / :func:`layers.decoding.mea_structure` for the
-structure, :func:`layers.structure.structure_score` for its score,
-:func:`layers.log_partition` for log Z and :func:`layers.decoding.pair_probs` for the
-base-pair probabilities. Records are grouped by their padded length
-(:func:`layers.bucket_length`, :data:`layers.DEFAULT_BUCKETS`) and each group is folded
-with one batched call per function (split into several calls only when a group is
-bigger than ``batch_size``; a short last batch is padded to a power of two so that
-only a few programs are ever compiled per bucket).
+The folding itself is done by :mod:`layers` (no dynamic programming here), in one
+compiled program per batch shape (:func:`foldax.programs.fold_batch`: the best or MEA
+structure with its score, log Z, the pair probabilities, the centroid; kept across
+runs by :class:`foldax.programs.FoldPrograms`). Records are grouped by their padded
+length (:func:`layers.bucket_length`, :data:`layers.DEFAULT_BUCKETS`) and each group is
+folded in batches (:func:`batches`: several only when a group is bigger than
+``batch_size``; a short last batch is padded to a power of two so that only a few
+programs ever exist per bucket).
 
 Input (:func:`read_inputs`), in the habits of RNAfold:
 
@@ -27,9 +26,10 @@ IUPAC codes, any case; printed upper case with ``T`` as ``U``. A positional argu
 that is neither a sequence nor an existing file is reported as such (``no such
 file`` when it looks like a path: it holds ``/``, ``\\``, ``.`` or starts with ``~``).
 
-What is folded with is a :class:`FoldModel` (:func:`load_model`): score tensors, an
-optional ``phi`` network (a trained :class:`model.models.NeuralPhiModel`), the
-model's ``min_hairpin``, and the units of its scores. A score is a natural-log
+What is folded with is a :class:`FoldModel` (:func:`load_model`): score tensors or
+Turner energy tables (:mod:`foldax.parameters`), an optional ``phi`` network (a trained
+:class:`model.models.NeuralPhiModel`), the model's ``min_hairpin``, and the units of its
+scores. A score is a natural-log
 weight, ``score(s) = log w(s)``. For most models it is a plain score (higher is
 better) and is printed as ``score``, with ``log Z`` beside it; a model whose
 log-weights are ``-E(s) / kT`` of a free energy declares ``energy_kT = kT``
@@ -46,12 +46,12 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
+import jax
 import numpy as np
 
 import layers
 from layers.dotbracket import StructureError, from_dot_bracket, pairs_from_table, to_dot_bracket
 
-PARAM_KEYS = ("stack", "pair", "unpaired", "loop")
 #: Formats read with :mod:`data.formats` (everything else is read as FASTA-like text).
 STRUCTURED_EXTENSIONS = {".bpseq": "bpseq", ".ct": "ct", ".tsv": "tsv"}
 #: Cells (batch x L x L) one batched call may hold when ``batch_size`` is automatic.
@@ -91,7 +91,7 @@ class InputRecord:
 class FoldModel:
     """What ``foldax fold`` folds with.
 
-    ``params``: the score tensors (anything :mod:`layers` accepts). ``phi_fn``:
+    ``params``: the score tensors or energy tables (anything :mod:`layers` accepts). ``phi_fn``:
     ``(tokens [B, L], lengths [B]) -> phi [B, L, L]`` extra pair scores (a trained
     neural model's encoder), or None. ``min_hairpin``: the model's own (the default of
     ``--min-hairpin``). ``energy_kT``: None when scores are plain log-scores; ``kT``
@@ -138,6 +138,16 @@ class FoldResult:
     log_z: float | None = None
     probs: np.ndarray | None = None
     energy_kT: float | None = None
+    #: ``-p`` with an energy model: RNAfold's centroid structure (pairs with probability > 1/2),
+    #: its free energy (kcal/mol) and its expected base-pair distance to the ensemble.
+    centroid: np.ndarray | None = None
+    centroid_energy: float | None = None
+    centroid_distance: float | None = None
+    #: How the structure was chosen: ``"mfe"`` (best-scoring) or ``"mea"``.
+    decoder: str = "mfe"
+    #: The structure's free energy when it is not ``-kT score`` (Turner parameters: RNAfold's
+    #: ``eval_structure``, which rounds large hairpins as the partition function does not).
+    evaluated_energy: float | None = None
 
     @property
     def is_energy(self) -> bool:
@@ -145,8 +155,11 @@ class FoldResult:
 
     @property
     def energy(self) -> float | None:
-        """Free energy of the structure, ``-kT score`` (kcal/mol), for an energy model."""
-        return None if self.energy_kT is None else -self.energy_kT * self.score
+        """Free energy of the structure (kcal/mol) for an energy model: ``-kT score``, or
+        :attr:`evaluated_energy` when known."""
+        if self.energy_kT is None:
+            return None
+        return -self.energy_kT * self.score if self.evaluated_energy is None else self.evaluated_energy
 
     @property
     def ensemble_energy(self) -> float | None:
@@ -379,28 +392,11 @@ CHECKPOINTS = ("best", "latest")
 
 
 def load_params(path: str | None):
-    """Score tensors from an ``.npz`` file (or :func:`layers.default_params` for None).
+    """Parameters from a registry name or a file (:func:`foldax.parameters.load`; None:
+    :data:`foldax.parameters.DEFAULT`). For a training workdir use :func:`load_model`."""
+    from foldax import parameters
 
-    The file holds arrays ``stack``, ``pair``, ``unpaired``, ``loop`` (as written by
-    ``foldax export-params``). For a training workdir use :func:`load_model`.
-    """
-    if path is None:
-        return layers.default_params()
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"--params {path}: no such file or directory")
-    try:
-        with np.load(path) as data:
-            arrays = {k: np.asarray(data[k]) for k in data.files}
-    except Exception as err:  # noqa: BLE001 - any unreadable file is a user error here
-        raise ValueError(f"--params {path}: not a readable .npz file ({err})") from None
-    missing = [k for k in PARAM_KEYS if k not in arrays]
-    if missing:
-        raise ValueError(f"--params {path}: missing arrays {missing} (found {sorted(arrays)}; expected "
-                         f"{list(PARAM_KEYS)})")
-    try:
-        return layers.check_params({k: arrays[k] for k in PARAM_KEYS})
-    except (ValueError, TypeError, KeyError) as err:
-        raise ValueError(f"--params {path}: {err}") from None
+    return parameters.load(parameters.DEFAULT if path is None else path)[0]
 
 
 def is_training_workdir(path: str) -> bool:
@@ -412,31 +408,44 @@ def is_training_workdir(path: str) -> bool:
 def load_model(path: str | None, *, checkpoint: str = "best") -> FoldModel:
     """The :class:`FoldModel` of ``--params PATH``.
 
-    * None: :func:`layers.default_params` (the built-in hand-set scores).
-    * an ``.npz`` file: its score tensors (:func:`load_params`).
+    * None: :data:`foldax.parameters.DEFAULT` (a shipped parameter set).
+    * a shipped name (``turner2004``, ``stacking``, ``handset``; see
+      :mod:`foldax.parameters`) or a parameter file (``.par``, ``.json``, ``.npz``): its
+      parameters; energy tables fold as an energy model (RNAfold's kcal/mol).
     * a training workdir: its ``checkpoint`` (``"best"`` by the validation metric, or
       ``"latest"``) restored as the whole trained model -- a neural model keeps its
       ``phi`` network -- with the run's ``min_hairpin``. A ``params.npz`` there is
       not used (it may be older than the checkpoints); a note says so.
     * another directory with a ``params.npz``: that file (a note says so).
+
+    The first note always says which parameters are used and where they came from.
     """
+    from foldax import parameters
+
     if checkpoint not in CHECKPOINTS:
         raise ValueError(f"checkpoint must be one of {CHECKPOINTS}, got {checkpoint!r}")
-    if path is None:
-        return FoldModel(layers.default_params())
-    exported = os.path.join(path, "params.npz")
-    if is_training_workdir(path):
-        has_checkpoint = any(name.isdigit() for name in _listdir(os.path.join(path, "checkpoints")))
-        if has_checkpoint or not os.path.isfile(exported):
-            return _restore_workdir(path, checkpoint, exported)
-        return FoldModel(load_params(exported), description=exported,
-                         notes=(f"{path} has no checkpoint yet: folding with {exported}",))
-    if os.path.isdir(path):
-        if not os.path.isfile(exported):
-            raise FileNotFoundError(f"--params {path}: a directory that is neither a training workdir (no "
+    spec = parameters.DEFAULT if path is None else path
+    if os.path.isdir(spec):
+        exported = os.path.join(spec, "params.npz")
+        if is_training_workdir(spec):
+            has_checkpoint = any(name.isdigit() for name in _listdir(os.path.join(spec, "checkpoints")))
+            if has_checkpoint or not os.path.isfile(exported):
+                return _restore_workdir(spec, checkpoint, exported)
+            note = f"{spec} has no checkpoint yet: folding with {exported}"
+        elif os.path.isfile(exported):
+            note = f"using {exported}"
+        else:
+            raise FileNotFoundError(f"--params {spec}: a directory that is neither a training workdir (no "
                                     f"config.json or checkpoints/) nor holds a params.npz")
-        return FoldModel(load_params(exported), description=exported, notes=(f"using {exported}",))
-    return FoldModel(load_params(path), description=path)
+        return _model_of(*parameters.load(exported), notes=(note,))
+    return _model_of(*parameters.load(spec))
+
+
+def _model_of(params, provenance, *, notes=()) -> FoldModel:
+    """A :class:`FoldModel` of loaded parameters: energy tables fold as an energy model."""
+    energy_kT = layers.KT if layers.is_energy_params(params) else None
+    return FoldModel(params, energy_kT=energy_kT, description=provenance.line(),
+                     notes=(f"parameters: {provenance.line()}", *notes))
 
 
 def _listdir(path: str) -> list[str]:
@@ -483,7 +492,7 @@ def _fold_model_of(model, *, workdir, which, step, steps, metrics, best_metric, 
 
     probe = np.zeros((1, 8), np.int32)
     params, phi = model.scores(probe, np.array([8], np.int32))
-    params = {k: np.asarray(v) for k, v in params.items()}
+    params = jax.tree.map(np.asarray, params)
     phi_fn = None
     if phi is not None:
         graphdef, state = nnx.split(model)
@@ -518,61 +527,83 @@ def _padded_size(n: int, limit: int) -> int:
     return min(1 << (n - 1).bit_length(), limit) if n < limit else n
 
 
-def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, gamma: float = 1.0,
-                 partition: bool = False, probs: bool = False, min_hairpin: int | None = None,
-                 batch_size: int | None = None, max_cells: int = DEFAULT_MAX_CELLS) -> list[FoldResult]:
-    """Folds ``records`` in length buckets; results in input order.
+def batches(records: Sequence[InputRecord], *, batch_size: int | None = None, max_cells: int = DEFAULT_MAX_CELLS
+            ) -> list[tuple[list[int], int]]:
+    """How :func:`fold_records` groups ``records``: ``(indices, padded batch size)`` per batched call.
 
-    ``model``: a :class:`FoldModel` (its ``phi_fn``, if any, scores every batch), or
-    plain score tensors. ``mea``: maximum expected accuracy structure
-    (:func:`layers.decoding.mea_structure` with ``gamma``) instead of the best-scoring
-    one. ``partition``: also log Z. ``probs``: also keep each record's ``[n, n]`` pair
-    probabilities (implied by ``mea`` to compute, kept only when asked).
-    ``min_hairpin``: default the model's. ``batch_size``: at most this many sequences
-    per batched call (default: as many as fit ``max_cells`` = B x L x L, at most 64).
+    Records are grouped by length bucket (:func:`layers.bucket_length`), each group cut into
+    calls of at most ``batch_size`` (default: as many as fit ``max_cells`` = B x L x L, at most
+    64), and a short call is padded up to a power of two, so that few programs exist per bucket.
     """
-    from layers.decoding import best_structure, mea_structure, pair_probs
-    from layers.structure import structure_score
-
-    if not isinstance(model, FoldModel):
-        model = FoldModel(model)
-    params = layers.check_params(model.params)
-    min_hairpin = model.min_hairpin if min_hairpin is None else min_hairpin
     groups: dict[int, list[int]] = defaultdict(list)
     for k, r in enumerate(records):
         groups[layers.bucket_length(len(r.sequence))].append(k)
-    results: list[FoldResult | None] = [None] * len(records)
-    need_probs = mea or probs
+    out = []
     for width in sorted(groups):
         members = groups[width]
         limit = batch_size or _auto_batch(width, max_cells)
         for start in range(0, len(members), limit):
             chunk = members[start:start + limit]
-            seqs = [records[k].sequence for k in chunk]
-            seqs += [seqs[0]] * (_padded_size(len(chunk), limit) - len(chunk))
-            tokens, lengths = layers.encode_batch(seqs)
-            phi = None if model.phi_fn is None else model.phi_fn(tokens, lengths)
-            kw = dict(min_hairpin=min_hairpin)
-            bpp = np.asarray(pair_probs(params, tokens, lengths, phi=phi, **kw)) if need_probs else None
-            if mea:
-                tables = np.asarray(mea_structure(bpp, lengths, gamma=gamma, **kw))
-            else:
-                tables = np.asarray(best_structure(params, tokens, lengths, phi=phi, **kw))
-            tables = np.where(np.arange(tables.shape[1]) < lengths[:, None], tables, -1).astype(np.int32)
-            scores = np.asarray(structure_score(params, tokens, tables, lengths, phi=phi, **kw))
-            log_z = (np.asarray(layers.log_partition(params, tokens, lengths, phi=phi, **kw)) if partition
-                     else None)
-            for row, k in enumerate(chunk):
-                n = int(lengths[row])
-                p = None
-                if probs:
-                    upper = np.triu(bpp[row, :n, :n].astype(np.float64), 1)
-                    p = upper + upper.T
-                results[k] = FoldResult(
-                    records[k], tables[row, :n].copy(), float(scores[row]),
-                    None if log_z is None else float(log_z[row]), p, energy_kT=model.energy_kT,
-                )
+            out.append((chunk, _padded_size(len(chunk), limit)))
+    return out
+
+
+def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, gamma: float = 1.0,
+                 partition: bool = False, probs: bool = False, min_hairpin: int | None = None,
+                 batch_size: int | None = None, max_cells: int = DEFAULT_MAX_CELLS, programs=None,
+                 progress=None) -> list[FoldResult]:
+    """Folds ``records`` in length buckets (:func:`batches`); results in input order.
+
+    ``model``: a :class:`FoldModel` (its ``phi_fn``, if any, scores every batch), or
+    plain parameters. ``mea``: maximum expected accuracy structure
+    (:func:`layers.mea_structure` with ``gamma``) instead of the best-scoring one.
+    ``partition``: also log Z (and, for an energy model, RNAfold's centroid structure).
+    ``probs``: also keep each record's ``[n, n]`` pair probabilities. ``min_hairpin``:
+    default the model's. ``batch_size``: at most this many sequences per batched call.
+    ``programs``: a :class:`foldax.programs.FoldPrograms` (default: a new one, in memory);
+    each batch is one call of its compiled program. ``progress(n)``: called with the
+    number of records of each batch once it is folded.
+    """
+    from foldax.programs import FoldPrograms, Request
+
+    if not isinstance(model, FoldModel):
+        model = FoldModel(model, energy_kT=layers.KT if layers.is_energy_params(model) else None)
+    programs = FoldPrograms(None) if programs is None else programs
+    params = jax.tree.map(np.asarray, layers.check_params(model.params))
+    request = Request(decoder="mea" if mea else "mfe", partition=partition, probs=probs,
+                      centroid=model.energy_kT is not None and partition, energy=layers.is_energy_params(params),
+                      min_hairpin=model.min_hairpin if min_hairpin is None else min_hairpin)
+    results: list[FoldResult | None] = [None] * len(records)
+    for chunk, size in batches(records, batch_size=batch_size, max_cells=max_cells):
+        seqs = [records[k].sequence for k in chunk]
+        seqs += [seqs[0]] * (size - len(chunk))
+        tokens, lengths = layers.encode_batch(seqs)
+        phi = None if model.phi_fn is None else np.asarray(model.phi_fn(tokens, lengths))
+        out = programs(request, params, tokens, lengths, phi=phi, gamma=gamma)
+        for row, k in enumerate(chunk):
+            results[k] = _result(records[k], out, row, int(lengths[row]), model.energy_kT, request)
+        if progress is not None:
+            progress(len(chunk))
     return results  # type: ignore[return-value]
+
+
+def _result(record: InputRecord, out: dict, row: int, n: int, energy_kT, request) -> FoldResult:
+    """Row ``row`` of a program's outputs (see :func:`foldax.programs.fold_batch`) as a FoldResult."""
+
+    def value(name):
+        return float(out[name][row]) if name in out else None
+
+    p = None
+    if "probs" in out:
+        upper = np.triu(out["probs"][row, :n, :n].astype(np.float64), 1)
+        p = upper + upper.T
+    centroid = {}
+    if "centroid" in out:
+        energy = value("centroid_energy")
+        centroid = dict(centroid=out["centroid"][row, :n].copy(), centroid_distance=value("centroid_distance"),
+                        centroid_energy=-energy_kT * value("centroid_score") if energy is None else energy)
+    return FoldResult(record, out["structure"][row, :n].copy(), value("score"), value("log_z"), p,
+                      energy_kT=energy_kT, decoder=request.decoder, evaluated_energy=value("energy"), **centroid)
 
 
 # --------------------------------------------------------------------------- #
@@ -644,15 +675,40 @@ def _ensemble_value(result: FoldResult) -> str:
     return f"[log Z = {result.log_z:.2f}]"
 
 
+def _ensemble_lines(result: FoldResult) -> list[str]:
+    """The lines after the structure when log Z is known (see :func:`format_result`)."""
+    lines = []
+    if result.probs is None:
+        label = "ensemble free energy" if result.is_energy else "ensemble"
+        lines.append(f"{label} {_ensemble_value(result)}")
+        diversity = ""
+    else:
+        lines.append(f"{ensemble_string(result.probs)} {_ensemble_value(result)}")
+        diversity = ensemble_diversity(result.probs)
+    if result.centroid is not None:
+        lines.append(f"{to_dot_bracket(result.centroid)} {{{result.centroid_energy:6.2f} "
+                     f"d={result.centroid_distance:.2f}}}")
+    if result.is_energy and result.decoder == "mfe":  # RNAfold's line, to the letter
+        tail = "" if diversity == "" else f"; ensemble diversity {diversity:<6.2f}"
+        lines.append(f" frequency of mfe structure in ensemble {result.probability:g}{tail}")
+    else:
+        tail = "" if diversity == "" else f"; ensemble diversity {diversity:.2f}"
+        lines.append(f" frequency of the structure in the ensemble {result.probability:.6g}{tail}")
+    return lines
+
+
 def format_result(result: FoldResult, fmt: str = "dbn", *, comments: bool = False) -> str:
     """The text printed (and written) for one result in ``fmt`` (``dbn``, ``bpseq`` or ``ct``).
 
     dbn: ``>id``, the sequence, ``structure (value)`` -- the structure's score, or its
     free energy in kcal/mol for an energy model (RNAfold) -- and, when log Z is
     known, the ensemble line ``pseudo-brackets [log Z = ...]`` (``[-kT log Z]`` for an
-    energy model, as RNAfold) and a line with the structure's probability in the
-    ensemble and the ensemble diversity (with ``comments=True``, as used for files,
-    these two lines start with ``# `` so that the text stays a valid .dbn file).
+    energy model, as RNAfold), for an energy model RNAfold's centroid line
+    ``structure { E d=D}``, and a line with the structure's probability in the
+    ensemble and the ensemble diversity -- for an energy model's minimum free energy
+    structure RNAfold's `` frequency of mfe structure in ensemble P; ensemble diversity
+    D`` (with ``comments=True``, as used for files, these lines start with ``# `` so
+    that the text stays a valid .dbn file).
     bpseq: ``# id`` then ``# score = S ...`` (or ``# energy = E kcal/mol``) and
     ``# log Z = ...`` comment lines, then ``i base partner``. ct: header ``n  id  score
     = S (...)  log Z = ...``; only an energy model writes ``n  ENERGY = E  id`` (CT
@@ -660,23 +716,16 @@ def format_result(result: FoldResult, fmt: str = "dbn", *, comments: bool = Fals
     written by :func:`data.formats.format_records` and reads back with
     :func:`data.formats.parse_records`.
     """
+    value = result.energy if result.is_energy else result.score
+    if fmt == "dbn":
+        rec = result.record
+        text = f">{rec.id}\n{rec.sequence}\n{to_dot_bracket(result.structure)} ({value:6.2f})\n"
+        if result.log_z is not None:
+            text += "".join(f"{'# ' if comments else ''}{line}\n" for line in _ensemble_lines(result))
+        return text
     from data.formats import format_records
 
     rec = _record(result)
-    value = result.energy if result.is_energy else result.score
-    if fmt == "dbn":
-        text = f">{rec.id}\n{rec.sequence}\n{to_dot_bracket(result.structure)} ({value:6.2f})\n"
-        if result.log_z is not None:
-            mark = "# " if comments else ""
-            diversity = ""
-            if result.probs is not None:
-                text += f"{mark}{ensemble_string(result.probs)} {_ensemble_value(result)}\n"
-                diversity = f"; ensemble diversity {ensemble_diversity(result.probs):.2f}"
-            else:
-                label = "ensemble free energy" if result.is_energy else "ensemble"
-                text += f"{mark}{label} {_ensemble_value(result)}\n"
-            text += f"{mark} frequency of the structure in the ensemble {result.probability:.6g}{diversity}\n"
-        return text
     if fmt == "bpseq":
         body = format_records([rec], "bpseq")
         head, rest = body.split("\n", 1)

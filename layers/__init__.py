@@ -2,6 +2,7 @@
 
 from layers.alphabet import ALPHABET, DEFAULT_BUCKETS, PAD_TOKEN, bucket_length, decode, encode, encode_batch
 from layers.decoding import best_structure, mea_structure, pair_probs, sample_structures
+from layers.devices import use_all_cores
 from layers.dotbracket import from_dot_bracket, to_dot_bracket
 from layers.energy_params import KT, load_parameter_file, save_parameter_file, turner2004
 from layers.free_energy import ensemble_free_energy, free_energy
@@ -47,6 +48,7 @@ __all__ = [
     "load_params",
     "save_params",
     "read_provenance",
+    "use_all_cores",
 ]
 
 # Flax layers (layers/nnx_layer.py), imported on first use so that `import layers` stays free of Flax.

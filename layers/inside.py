@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from layers import chart, stacking, turner
+from layers import chart, devices, stacking, turner
 from layers.alphabet import NUM_TOKENS
 from layers.energy_params import check_energy_params
 from layers.stacking import PARAM_SHAPES
@@ -165,11 +165,13 @@ def batch_sharded(fn, tokens, num_outputs=1):
 
     The engine's gathers and slices are written for automatic sharding. When ``tokens``
     is sharded over an *explicit* mesh (``jax.make_mesh`` + ``jax.set_mesh``), ``fn`` runs
-    in auto mode and hands back outputs sharded along their leading (batch) axis.
+    in auto mode and hands back outputs sharded along their leading (batch) axis. A
+    concrete batch that nobody placed is split over the local devices
+    (:func:`layers.devices.over_local_devices`).
     """
     batch_spec = _explicit_batch_spec(tokens)
     if batch_spec is None:
-        return fn
+        return devices.over_local_devices(fn, tokens)
     spec = jax.sharding.PartitionSpec(batch_spec)
     return jax.sharding.auto_axes(fn, out_sharding=spec if num_outputs == 1 else (spec,) * num_outputs)
 

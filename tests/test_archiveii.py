@@ -8,6 +8,8 @@ is absent; they are marked slow.
 
 import collections
 import csv
+import io
+import socket
 import sys
 import tarfile
 from pathlib import Path
@@ -218,3 +220,89 @@ def test_tfds_builder_on_real_archive(tmp_path):
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(RAW.parent)))
     sizes = {k: len(v) for k, v in builder.as_data_source().items()}
     assert sizes == {"train": 3084, "valid": 334, "test": 557}
+
+
+# ------------------------------------------------------------------ fetching on a fresh machine
+
+
+def _repacked_dummy(folder: Path) -> Path:
+    """A small ArchiveII look-alike tarball built here from the files of tests/testdata/archiveii."""
+    with tarfile.open(DUMMY) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    path = folder / "archiveII.tar.gz"
+    with tarfile.open(path, "w:gz") as out:
+        for name in sorted(members):
+            info = tarfile.TarInfo(name)
+            info.size = len(members[name])
+            out.addfile(info, io.BytesIO(members[name]))
+    return path
+
+
+@pytest.fixture
+def fresh_machine(tmp_path, monkeypatch):
+    """No local ArchiveII; downloads go to tmp_path/cache; the 'server' holds a repacked dummy archive."""
+    from data import archiveii
+
+    served = tmp_path / "server"
+    served.mkdir()
+    tarball = _repacked_dummy(served)
+    monkeypatch.delenv("FOLDAX_ARCHIVEII", raising=False)
+    monkeypatch.setenv("FOLDAX_DATA_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(archiveii, "default_path",
+                        lambda: (tmp_path / "cache" / archiveii.FETCHED_NAME) if (tmp_path / "cache" /
+                                                                                  archiveii.FETCHED_NAME).exists()
+                        else None)
+    monkeypatch.setattr(archiveii, "CONTENT_SHA256", archiveii.content_digest(examples_from_archive(tarball)))
+    return tarball
+
+
+def test_load_without_a_local_copy_fetches_through_the_builder_from_a_file_url(fresh_machine, tmp_path, monkeypatch):
+    pytest.importorskip("tensorflow_datasets")
+    from data import archiveii
+
+    monkeypatch.setattr(archiveii, "URL", fresh_machine.as_uri())
+    examples = load_archiveii()  # nothing local: fetched, checked, kept
+    assert sorted(ex["id"] for ex in examples) == sorted(ex["id"] for ex in examples_from_archive(DUMMY))
+    kept = tmp_path / "cache" / archiveii.FETCHED_NAME
+    assert kept.read_bytes() == fresh_machine.read_bytes()
+    assert (tmp_path / "cache" / "tfds" / "archiveii" / "random").is_dir()  # the prepared TFDS dataset
+    fresh_machine.unlink()  # the source is gone: the kept copy is used, no download
+    assert len(load_archiveii(split="test")) == sum(fold_split_of(ex, None) == "test" for ex in examples)
+    assert archiveii.fetch_archiveii() == kept
+
+
+def test_fetch_over_http_checks_the_content(fresh_machine, tmp_path):
+    pytest.importorskip("tensorflow_datasets")
+    import functools
+    import http.server
+    import threading
+
+    from data import archiveii
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(fresh_machine.parent))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/{fresh_machine.name}"
+    try:
+        with pytest.raises(ValueError, match="not ArchiveII's"):  # another digest: nothing kept
+            archiveii.fetch_archiveii(url=url, cache=tmp_path / "wrong", expected_sha256="0" * 64)
+        assert not (tmp_path / "wrong" / archiveii.FETCHED_NAME).exists()
+        path = archiveii.fetch_archiveii(url=url, cache=tmp_path / "http")
+    finally:
+        server.shutdown()
+    assert path.read_bytes() == fresh_machine.read_bytes()
+
+
+def test_offline_says_so_and_keeps_nothing(fresh_machine, tmp_path, monkeypatch, capsys):
+    from data import archiveii
+    from data.archiveii.__main__ import main as fetch_main
+
+    with socket.socket() as probe:  # a port nobody listens on: connection refused, like a machine offline
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}/archiveII.tar.gz"
+    monkeypatch.setattr(archiveii, "URL", dead)
+    with pytest.raises(archiveii.ArchiveIIUnavailable, match="not downloadable: cannot reach 127.0.0.1"):
+        load_archiveii()
+    assert fetch_main(["fetch"]) == 3 and "offline?" in capsys.readouterr().err
+    assert not (tmp_path / "cache" / archiveii.FETCHED_NAME).exists()

@@ -6,6 +6,7 @@ import io
 import re
 import sys
 import types
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -38,7 +39,13 @@ def fasta(tmp_path):
 
 
 def run(capsys, argv):
-    rc = main([str(a) for a in argv])
+    """``foldax ARGV`` in this process. A ``fold`` without ``--params``/``--model`` folds with the
+    hand-set stacking scores (``--params handset``: quick to compile); the default parameters
+    (Turner 2004) have their own tests below."""
+    argv = [str(a) for a in argv]
+    if argv[:1] == ["fold"] and not {"--params", "--model"} & set(argv):
+        argv += ["--params", "handset"]
+    rc = main(argv)
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -161,7 +168,8 @@ def test_partition_writes_bpp_and_ensemble_line(capsys, tmp_path, fasta):
         per_base = np.bincount(i - 1, p, len(seq)) + np.bincount(j - 1, p, len(seq))
         assert per_base.max() <= 1 + 1e-4
         written = (tmp_path / f"{rid}.dbn").read_text()  # the -p lines as comments: still a .dbn file
-        assert written == "\n".join(lines[5 * k:5 * k + 3] + ["# " + line for line in lines[5 * k + 3:5 * k + 5]]) + "\n"
+        commented = ["# " + line for line in lines[5 * k + 3:5 * k + 5]]
+        assert written == "\n".join(lines[5 * k:5 * k + 3] + commented) + "\n"
         [record] = parse_records(written, "dbn")
         assert (record.id, record.sequence) == (rid, seq)
 
@@ -364,8 +372,6 @@ def saved_workdir(path, checkpoints, *, name="stacking", min_hairpin=3, perturb=
     from flax import nnx
 
     from train import train as trainer
-    from pathlib import Path
-
     from train.main import load_config_file
 
     config = load_config_file(str(Path(__file__).resolve().parents[1] / "configs" / "tiny.py"))
@@ -458,3 +464,282 @@ def test_params_neural_workdir_folds_with_its_phi_network(capsys, tmp_path):
         validate_pair_table(record.pair_table, min_hairpin=4)
         assert score == pytest.approx(float(scores[k]), abs=0.006)
         assert printed_z[k] == pytest.approx(float(log_z[k]), abs=0.006)
+
+
+# --------------------------------------------------------------------------- #
+# --params NAME|FILE: shipped parameter sets and parameter files, with provenance
+# --------------------------------------------------------------------------- #
+
+
+def test_shipped_parameter_sets_and_files(tmp_path, capsys):
+    from foldax import parameters
+
+    assert parameters.DEFAULT in parameters.shipped()
+    turner, about = parameters.load("turner2004")
+    assert layers.is_energy_params(turner) and about.grammar == "turner" and about.name == "turner2004"
+    assert "rna_turner2004.json" in about.source and "viennarna_version: 2.8.0" in about.details
+    expected = layers.turner2004()
+    handset, about = parameters.load("handset")
+    assert about.grammar == "stacking" and "not trained" in about.summary
+    np.testing.assert_array_equal(handset["stack"], layers.default_params()["stack"])
+
+    par = tmp_path / "t.par"  # a ViennaRNA parameter file, and foldax's lossless JSON tables
+    layers.save_parameter_file(expected, par)
+    for path in (par, layers.__path__[0] + "/data/rna_turner2004.json"):
+        loaded, about = parameters.load(str(path))
+        assert about.name is None and about.grammar == "turner" and about.source == str(path)
+        for key in ("stack", "int22", "hairpin", "ml_closing"):
+            np.testing.assert_allclose(loaded[key], expected[key], err_msg=key)
+        assert loaded["special_hairpins"].keys() == expected["special_hairpins"].keys()
+
+    scores = {k: np.asarray(v) for k, v in layers.default_params().items()}
+    np.savez(tmp_path / "s.npz", provenance=np.asarray('{"data": "ArchiveII", "commit": "abc123"}'), **scores)
+    loaded, about = parameters.load(str(tmp_path / "s.npz"))
+    assert about.grammar == "stacking" and "commit: abc123" in about.details
+
+    with pytest.raises(FileNotFoundError, match="turner2004, stacking, handset"):
+        parameters.load("turner1999")
+    (tmp_path / "bad.par").write_text("## RNAfold parameter file v2.0\n# stack\n -240 -330 -210\n")
+    with pytest.raises(ValueError, match=r"bad\.par line 3"):
+        parameters.load(str(tmp_path / "bad.par"))
+    (tmp_path / "bad.json").write_text('{"format": "something else"}')
+    with pytest.raises(ValueError, match="foldax's JSON format"):
+        parameters.load(str(tmp_path / "bad.json"))
+
+    rc, out, err = run(capsys, ["fold", "GGGGAAACCCC", "--params", "handset"])
+    assert rc == 0 and "parameters: handset: hand-set stacking scores" in err  # stderr names the parameters
+    rc, out, err = run(capsys, ["fold", "GGGGAAACCCC", "--params", tmp_path / "s.npz"])
+    assert rc == 0 and f"parameters: stacking-model scores from a file ({tmp_path / 's.npz'}; data: ArchiveII" in err
+    rc, out, err = run(capsys, ["fold", "GGGGAAACCCC", "--params", "turner1999"])
+    assert rc == 1 and out == "" and "neither a shipped parameter set" in err
+    not_shipped = [name for name, entry in parameters.shipped().items()
+                   if "file" in entry and not Path(parameters._data_path(entry["file"])).exists()]
+    for name in not_shipped:  # in the registry, its file not shipped yet (stacking, today): a clear error
+        rc, _, err = run(capsys, ["fold", "GGGGAAACCCC", "--params", name])
+        assert rc == 1 and "not in this installation" in err
+    assert run(capsys, ["fold", "GGGGAAACCCC", "--params", "handset", "--model", "turner2004"])[0] == 2
+
+
+def test_default_parameters_are_the_turner_model(monkeypatch):
+    """Without --params: :data:`foldax.parameters.DEFAULT`, an energy model (checked without folding)."""
+    from foldax import fold as F
+    from foldax import parameters
+
+    model = F.load_model(None)
+    assert model.energy_kT == pytest.approx(layers.KT) and layers.is_energy_params(model.params)
+    assert model.notes[0].startswith(f"parameters: {parameters.DEFAULT}: ")
+    assert F.load_model("handset").energy_kT is None
+
+
+# --------------------------------------------------------------------------- #
+# the program cache, the progress bar
+# --------------------------------------------------------------------------- #
+
+
+def _jax_cache_as(directory, enabled):
+    """Sets JAX's own persistent compilation cache (training tests in this process turn it on);
+    returns how it was."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    before = jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_enable_compilation_cache", enabled)
+    compilation_cache.reset_cache()
+    return before
+
+
+@pytest.fixture
+def no_jax_cache():
+    before = _jax_cache_as(None, False)
+    yield
+    _jax_cache_as(*before)
+
+
+@pytest.fixture
+def jax_cache(tmp_path):
+    before = _jax_cache_as(str(tmp_path / "jax"), True)
+    yield tmp_path / "jax"
+    _jax_cache_as(*before)
+
+
+def test_programs_are_kept_on_disk_and_reloaded(tmp_path, capsys, monkeypatch, no_jax_cache):
+    from foldax import fold as F
+    from foldax import programs
+
+    records = [F.InputRecord(rid, seq) for rid, seq in RECORDS.items()]
+    first = programs.FoldPrograms(tmp_path)
+    a = F.fold_records(layers.default_params(), records, partition=True, probs=True, programs=first)
+    assert first.stats == {"compiled": 1}  # one bucket, one batch: one program
+    saved = list((tmp_path / "programs").glob("*.xla"))
+    assert len(saved) == 1
+    second = programs.FoldPrograms(tmp_path)  # a new run: loaded, not compiled
+    b = F.fold_records(layers.default_params(), records, partition=True, probs=True, programs=second)
+    assert second.stats == {"disk": 1}
+    for x, y in zip(a, b, strict=True):
+        assert x.dot_bracket == y.dot_bracket and x.score == y.score and x.log_z == y.log_z
+        np.testing.assert_array_equal(x.probs, y.probs)
+    F.fold_records(layers.default_params(), records, programs=second)  # another request: another program
+    assert second.stats == {"disk": 1, "compiled": 1}, second.stats
+    assert len(list((tmp_path / "programs").glob("*.xla"))) == 2
+
+    saved[0].write_bytes(b"not a program")  # damaged: said, compiled again, saved again
+    third = programs.FoldPrograms(tmp_path)
+    c = F.fold_records(layers.default_params(), records, partition=True, probs=True, programs=third)
+    assert third.stats == {"compiled": 1} and [r.dot_bracket for r in c] == [r.dot_bracket for r in a]
+    assert "removing the unusable cached program" in capsys.readouterr().err
+    assert saved[0].read_bytes() != b"not a program"
+
+    def broken(path, devices):  # loads, but fails when run
+        def program(*args):
+            raise jax.errors.JaxRuntimeError("NOT_FOUND: Function fusion not found")
+        return program
+
+    monkeypatch.setattr(programs, "_read_program", broken)
+    fourth = programs.FoldPrograms(tmp_path)
+    d = F.fold_records(layers.default_params(), records, partition=True, probs=True, programs=fourth)
+    assert fourth.stats == {"disk": 1, "compiled": 1} and [r.score for r in d] == [r.score for r in a]
+    assert "failed" in capsys.readouterr().err
+
+
+def test_a_program_from_jax_own_cache_is_not_saved(tmp_path, jax_cache):
+    """An executable JAX loaded from its persistent cache breaks when saved again: never saved."""
+    from foldax import fold as F
+    from foldax import programs
+
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    records = [F.InputRecord("hp", "GGGGAAACCCC")]
+    F.fold_records(layers.default_params(), records, min_hairpin=5, programs=programs.FoldPrograms(None))
+    assert list(jax_cache.iterdir())  # JAX's cache has the program now
+    again = programs.FoldPrograms(tmp_path / "ours")
+    F.fold_records(layers.default_params(), records, min_hairpin=5, programs=again)
+    assert again.stats == {"compiled": 1} and not list((tmp_path / "ours").glob("programs/*.xla"))
+    (tmp_path / "ours" / "programs").mkdir(parents=True)
+    damaged = tmp_path / "ours" / "programs" / f"{next(iter(again._programs))}.xla"
+    damaged.write_bytes(b"damaged")  # an unusable file is removed, not read again on every run
+    F.fold_records(layers.default_params(), records, min_hairpin=5, programs=programs.FoldPrograms(tmp_path / "ours"))
+    assert not damaged.exists()
+
+
+def test_program_keys_change_with_what_a_program_depends_on():
+    from foldax import programs
+
+    tokens, lengths = layers.encode_batch(["GGGGAAACCCC"])
+    args = (layers.default_params(), tokens, lengths, None, np.float32(1))
+    key = programs.program_key(programs.Request(), args, 1)
+    assert key == programs.program_key(programs.Request(), args, 1)
+    others = [programs.program_key(programs.Request(partition=True), args, 1),
+              programs.program_key(programs.Request(), args, 2),
+              programs.program_key(programs.Request(), (args[0], np.zeros((2, 32), np.int32), *args[2:]), 1),
+              programs.program_key(programs.Request(), (layers.turner2004(), *args[1:]), 1),
+              programs.program_key(programs.Request(), (jax.tree.map(lambda x: np.asarray(x, np.float64), args[0]),
+                                                        *args[1:]), 1)]
+    assert len({key, *others}) == 1 + len(others)
+
+
+def test_progress_bar_on_a_terminal_only(capsys, monkeypatch, fasta):
+    rc, _, err = run(capsys, ["fold", "-i", fasta])
+    assert rc == 0 and "foldax fold:" in err and "seq/s" not in err and "it/s" not in err  # a pipe: no bar
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["fold", "-i", str(fasta), "--params", "handset"]) == 0
+    shown = terminal.getvalue()
+    assert "foldax fold" in shown and f"{len(RECORDS)}/{len(RECORDS)}" in shown
+    assert "compiling the program for batches of 4 x 32 nt" in shown  # the first use of a program is explained
+
+
+# --------------------------------------------------------------------------- #
+# the Turner model prints RNAfold's numbers
+# --------------------------------------------------------------------------- #
+
+
+def vienna_fold(RNA, seq):
+    """RNAfold -p's numbers for ``seq`` (ViennaRNA's Python API, md.pf_smooth = 0 as in foldax)."""
+    md = RNA.md()
+    md.pf_smooth, md.uniq_ML = 0, 1
+    fc = RNA.fold_compound(seq, md)
+    structure, mfe = fc.mfe()
+    fc.exp_params_rescale(mfe)
+    pseudo, ensemble = fc.pf()
+    centroid, distance = fc.centroid()
+    return dict(structure=structure, mfe=mfe, pseudo=pseudo, ensemble=ensemble, centroid=centroid,
+                centroid_energy=fc.eval_structure(centroid), distance=distance, frequency=fc.pr_energy(mfe),
+                diversity=fc.mean_bp_distance(), fc=fc)
+
+
+@pytest.mark.slow
+def test_turner_model_prints_rnafold_numbers(capsys, tmp_path, fasta):
+    """``foldax fold -p`` with the default parameters (Turner 2004) prints RNAfold -p's lines and numbers."""
+    RNA = pytest.importorskip("RNA")
+    from foldax import parameters
+
+    assert parameters.DEFAULT == "turner2004"  # this test is about the unmodified energies
+    rc, out, err = run(capsys, ["fold", "-i", fasta, "-p", "--model", "turner2004"])
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 6 * len(RECORDS)
+    for k, (rid, seq) in enumerate(RECORDS.items()):
+        want = vienna_fold(RNA, seq)
+        header, sequence, mfe, ensemble, centroid, frequency = lines[6 * k:6 * k + 6]
+        assert (header, sequence) == (f">{rid}", seq)
+        assert mfe == f"{want['structure']} ({want['mfe']:6.2f})"  # RNAfold's line, to the letter
+        pseudo, g = re.fullmatch(r"(\S+) \[\s*(-?\d+\.\d\d)\]", ensemble).groups()
+        assert pseudo == want["pseudo"] and abs(float(g) - want["ensemble"]) <= 0.005 + 1e-4
+        assert centroid == f"{want['centroid']} {{{want['centroid_energy']:6.2f} d={want['distance']:.2f}}}"
+        p, d = re.fullmatch(r" frequency of mfe structure in ensemble (\S+); ensemble diversity (\S+)\s*", frequency
+                            ).groups()
+        assert float(p) == pytest.approx(want["frequency"], rel=1e-4) and abs(float(d) - want["diversity"]) <= 0.006
+    # the same energies from a ViennaRNA .par file; MEA structures are evaluated like RNAfold's eval_structure
+    par = tmp_path / "turner.par"
+    layers.save_parameter_file(layers.turner2004(), par)
+    rc, again, _ = run(capsys, ["fold", "-i", fasta, "-p", "--params", par])
+    assert rc == 0 and again == out
+    rc, out, err = run(capsys, ["fold", "-i", fasta, "--mea", "--model", "turner2004"])
+    assert rc == 0, err
+    for record, line in zip(parse_records(out, "dbn"), out.splitlines()[2::3], strict=True):
+        energy = vienna_fold(RNA, record.sequence)["fc"].eval_structure(record.dot_bracket)
+        assert line.endswith(f"({energy:6.2f})")
+
+
+def test_the_command_keeps_its_programs_and_imports_no_training_stack(tmp_path):
+    """``foldax fold`` as its own process: the second call loads the program the first one saved, and
+    the fold path imports nothing of the training stack (TensorFlow, Grain, Orbax, Optax, Flax...)."""
+    import os
+    import subprocess
+
+    env = dict(os.environ, FOLDAX_CACHE_DIR=str(tmp_path / "cache"), JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="2")
+    cmd = [sys.executable, "-X", "importtime", "-m", "foldax.cli", "fold", "--params", "handset", "GGGGAAACCCC"]
+    runs, inodes = [], []
+    for _ in range(2):  # one sequence (one device), then two (a batch split over both devices)
+        runs += [subprocess.run(c, env=env, capture_output=True, text=True, timeout=600)
+                 for c in (cmd, cmd + ["GGGAAACCCAGGGGAAACCCC"])]
+        assert all(r.returncode == 0 and "failed" not in r.stderr for r in runs), runs[-1].stderr[-3000:]
+        inodes.append({p.stat().st_ino for p in (tmp_path / "cache" / "programs").glob("*.xla")})
+    assert runs[0].stdout == runs[2].stdout and runs[1].stdout == runs[3].stdout
+    assert parse_records(runs[1].stdout, "dbn")[0].dot_bracket == "((((...))))"
+    assert len(inodes[0]) == 2 and inodes[1] == inodes[0]  # two programs, loaded (not written again) the second time
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in runs[0].stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "jax" in imported and "layers" in imported
+    heavy = {"tensorflow", "tensorflow_datasets", "grain", "orbax", "optax", "flax", "matplotlib", "train", "model",
+             "tensorboardX", "ml_collections"}
+    assert not imported & heavy, imported & heavy
+
+
+def test_the_program_cache_keeps_the_most_recently_used(tmp_path):
+    import os
+
+    from foldax import programs
+
+    for k, size in enumerate((300, 300, 300)):
+        path = tmp_path / f"p{k}.xla"
+        path.write_bytes(b"x" * size)
+        os.utime(path, (1000 + k, 1000 + k))  # p0 used longest ago
+    programs._prune(tmp_path, 700)
+    assert sorted(p.name for p in tmp_path.glob("*.xla")) == ["p1.xla", "p2.xla"]
+    programs._prune(tmp_path, 10)  # the newest always stays
+    assert [p.name for p in tmp_path.glob("*.xla")] == ["p2.xla"]

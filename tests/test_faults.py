@@ -601,8 +601,6 @@ def test_fuzzed_training_data_on_the_command_line(tmp_path, capsys):
     assert tried == 25
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError, reason="data/formats.py: a partner beyond int64 "
-                   "overflows in _table_from_partners instead of a FormatError (found by the fuzzer)")
 def test_known_bug_huge_partner_number(tmp_path):
     from data.formats import FormatError, read_records
 
@@ -612,8 +610,6 @@ def test_known_bug_huge_partner_number(tmp_path):
         read_records(path)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason="data/formats.py: a CT partner '--0' passes "
-                   "_is_ct_data_line, then int() raises a bare ValueError without file or line (fuzzer)")
 def test_known_bug_ct_double_minus(tmp_path):
     from data.formats import FormatError, read_records
 

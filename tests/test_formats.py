@@ -172,6 +172,9 @@ MALFORMED = [
     ("bpseq", "1 G 3\n2 A 0\n3 C 2\n", "partner", 1, 
      "asymmetric pair: nucleotide 1 pairs with 3 but nucleotide 3 (line 3)"),
     ("bpseq", "1 G 1\n", "partner", 1, "nucleotide 1 is paired with itself"),
+    ("bpseq", "1 G 3\n2 A 99999999999999999999\n3 C 1\n", "partner", 2,
+     "nucleotide 2 has partner 99999999999999999999, out of range 1..3"),  # beyond int64
+    ("bpseq", "1 G 3\n2 A -99999999999999999999\n3 C 1\n", "partner", 2, "out of range 1..3"),
     ("bpseq", "1 G 0\n3 A 0\n", "syntax", 2, "expected nucleotide index 2, found 3"),
     ("bpseq", "1 G 0\n2 A\n", "truncated", 2, "malformed line '2 A'"),
     ("bpseq", "1 G 0\n2 Z 0\n", "bad_letter", 2, "invalid nucleotide 'Z'"),
@@ -186,6 +189,10 @@ MALFORMED = [
     ("ct", "2 x\n1 G 0 2 2 1\n2 A 1 0 0 2\n", "partner", 2, "asymmetric pair: nucleotide 1 pairs with 2"),
     ("ct", "2 x\n1 G 0 2 0 1\n3 A 1 0 0 2\n", "syntax", 3, "expected nucleotide index 2, found 3"),
     ("ct", "title only\n", "syntax", 1, "expected a CT header 'N title'"),
+    ("ct", "3 hp\n1 G 0 2 3 1\n2 A 1 3 --0 2\n3 C 2 0 1 3\n", "syntax", 3, "malformed nucleotide line '2 A 1 3 --0 2'"),
+    ("ct", "2 x\n1 G 0 2 0 1\n2 A 1 0 \u00b2 2\n", "syntax", 3, "malformed nucleotide line"),  # isdigit() but not int()
+    ("ct", "2 x\n1 G 0 2 0 1\n2 A 1 0 18446744073709551617 2\n", "partner", 3,
+     "partner 18446744073709551617, out of range"),
     ("ct", "2 x\n1 G 0 2 0 1\n2 J 1 0 0 2\n", "bad_letter", 3, "invalid nucleotide 'J'"),
     ("tsv", "id\tsequence\n", "syntax", 1, "header lacks column(s) structure"),
     ("tsv", "id\tsequence\tstructure\na\tGAAAC\n", "truncated", 2, "expected 3 tab-separated fields, found 2"),

@@ -131,7 +131,14 @@ class TrainingDiverged(RuntimeError):
 
 
 def setup_jax(config) -> None:
-    """Persistent compilation cache (``config.compilation_cache_dir``; '' disables it)."""
+    """Persistent compilation cache (``config.compilation_cache_dir``; '' disables it), and one CPU
+    device per core unless the user chose a count or JAX has started (:mod:`layers.devices`): the
+    largest count that divides both batch sizes. Several processes (``jax.distributed``) choose their own."""
+    from layers import devices
+
+    if not jax.distributed.is_initialized():
+        devices.default_cpu_devices(divides=int(np.gcd(int(config.batch_size),
+                                                      int(config.get("eval_batch_size", config.batch_size)))))
     cache = config.get("compilation_cache_dir", "")
     if cache:
         cache = os.path.expanduser(cache)

@@ -11,6 +11,12 @@ structure (file stem = id, family = prefix before the first ``_``) plus one
 * ``data.archiveii.archiveii_dataset_builder.Builder`` -- the TensorFlow
   Datasets builder (``tfds.builder("archiveii/fold_tRNA")``), imported
   separately because it imports ``tensorflow_datasets``.
+* :func:`fetch_archiveii` -- on a machine without a local copy: downloads
+  :data:`URL` through that builder (once; kept in :func:`cache_root`), checks
+  its content against :data:`CONTENT_SHA256`, and returns the archive's path.
+  :func:`default_path` finds it there afterwards; :func:`load_archiveii` (and so
+  ``foldax train``) fetches it when nothing else is found. ``python -m
+  data.archiveii fetch`` does the same from the shell (``scripts/demo.sh``).
 
 Splits (the same for both): ``random`` -- :func:`data.examples.split_of`
 (SHA-256 of the sequence, ~80/10/10, identical sequences together; equal to
@@ -30,10 +36,14 @@ titles of the rRNA domain files are off by one; titles are ignored.
 from __future__ import annotations
 
 import csv
+import hashlib
 import os
+import shutil
+import socket
 import sys
 import tarfile
-from collections.abc import Iterator
+import urllib.parse
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +57,11 @@ __all__ = [
     "FAMILIES",
     "NUM_STRUCTURES",
     "ARCHIVE_NAMES",
+    "CONTENT_SHA256",
+    "ArchiveIIUnavailable",
+    "cache_root",
+    "content_digest",
+    "fetch_archiveii",
     "default_path",
     "examples_from_archive",
     "examples_from_tsv",
@@ -63,10 +78,32 @@ NUM_STRUCTURES = 3975
 ARCHIVE_NAMES = ("archiveII.tar.gz", "archiveII_ct.tar.gz")
 
 
-def default_path() -> Path | None:
-    """The shared copy: ``$FOLDAX_ARCHIVEII`` or ``<repo>/../shared/data/archiveii/``.
+#: SHA-256 of ArchiveII's content, :func:`content_digest` of its 3,975 structures (computed from
+#: the shared copy; the tarball's own bytes depend on how it was packed, so they are not pinned).
+CONTENT_SHA256 = "18f712c805555b5994bc87f7856abc3c63cc21733a93366ed3035d9911922e0d"
+#: The fetched archive's file name in :func:`cache_root`.
+FETCHED_NAME = "archiveII.tar.gz"
 
-    Prefers ``archiveii.tsv`` (fast) over the raw tarball; None if neither exists.
+
+class ArchiveIIUnavailable(FileNotFoundError):
+    """ArchiveII is neither on this machine nor downloadable now (offline, or the server failed)."""
+
+
+def cache_root() -> Path:
+    """Where a downloaded ArchiveII is kept: ``$FOLDAX_DATA_DIR``, else ``$XDG_CACHE_HOME/foldax/archiveii``
+    or ``~/.cache/foldax/archiveii`` (the archive, the TFDS download folder and the prepared dataset)."""
+    env = os.environ.get("FOLDAX_DATA_DIR", "").strip()
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "foldax" / "archiveii"
+
+
+def default_path() -> Path | None:
+    """The local copy: ``$FOLDAX_ARCHIVEII``, ``<repo>/../shared/data/archiveii/``, or a fetched one.
+
+    Prefers ``archiveii.tsv`` (fast) over the raw tarball, then :func:`cache_root`'s
+    ``archiveII.tar.gz`` (see :func:`fetch_archiveii`); None if none exists.
     """
     env = os.environ.get("FOLDAX_ARCHIVEII")
     if env:
@@ -75,7 +112,89 @@ def default_path() -> Path | None:
     for candidate in [root / "archiveii.tsv"] + [root / "raw" / name for name in ARCHIVE_NAMES]:
         if candidate.exists():
             return candidate
-    return None
+    fetched = cache_root() / FETCHED_NAME
+    return fetched if fetched.exists() else None
+
+
+def content_digest(examples: Sequence[dict]) -> str:
+    """SHA-256 of ``id TAB sequence TAB pairs`` lines (every pair ``i-j``, 1-based), sorted by id:
+    the same for any packing of the same structures (tarball, folder, TSV)."""
+    digest = hashlib.sha256()
+    for ex in sorted(examples, key=lambda e: e["id"]):
+        pairs = " ".join(f"{i + 1}-{j + 1}" for i, j in enumerate(ex["full_pair_table"].tolist()) if j > i)
+        digest.update(f"{ex['id']}\t{ex['sequence']}\t{pairs}\n".encode())
+    return digest.hexdigest()
+
+
+def _check_reachable(url: str, timeout: float) -> None:
+    """Fails fast, with a clear message, when the server of an http(s) URL cannot be reached."""
+    parts = urllib.parse.urlparse(url)
+    if parts.scheme not in ("http", "https"):
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except OSError as err:
+        raise ArchiveIIUnavailable(f"cannot reach {parts.hostname} to download ArchiveII ({err}); offline?") from None
+
+
+def fetch_archiveii(*, url: str | None = None, cache: str | os.PathLike | None = None,
+                    expected_sha256: str | None = None, timeout: float = 10.0) -> Path:
+    """ArchiveII's archive on this machine, downloaded through the TFDS builder the first time.
+
+    Runs ``Builder(config="random").download_and_prepare`` from ``url`` (default
+    :data:`URL`) with its downloads and prepared dataset under ``cache`` (default
+    :func:`cache_root`). Before anything is kept, the archive's content must have the
+    :func:`content_digest` ``expected_sha256`` (default :data:`CONTENT_SHA256`; ``""``
+    skips the check). The archive is then copied to ``cache/archiveII.tar.gz``, which
+    later calls (and :func:`default_path`) use at once, without the network.
+
+    Raises :class:`ArchiveIIUnavailable` when the download is impossible (no network:
+    found out within ``timeout`` seconds) and ``ValueError`` when the content is not
+    ArchiveII's.
+    """
+    url = URL if url is None else url
+    expected = CONTENT_SHA256 if expected_sha256 is None else (expected_sha256 or None)
+    cache = Path(cache_root() if cache is None else cache)
+    target = cache / FETCHED_NAME
+    if target.exists():
+        return target
+    _check_reachable(url, timeout)
+    try:
+        import tensorflow_datasets as tfds
+
+        from data.archiveii.archiveii_dataset_builder import Builder
+    except ImportError as err:
+        raise ArchiveIIUnavailable(f"downloading ArchiveII needs tensorflow-datasets ({err})") from None
+    builder = Builder(config="random", data_dir=str(cache / "tfds"), file_format="array_record")
+    builder.url, builder.expected_sha256 = url, expected
+    downloads = cache / "downloads"
+    try:
+        builder.download_and_prepare(download_dir=str(downloads))  # checks the content as it prepares
+        archive = builder.archive
+        if archive is None:  # prepared by an earlier call: the download is cached by TFDS
+            archive = Path(tfds.download.DownloadManager(download_dir=str(downloads)).download(url))
+            _check_content(archive, expected, url)
+    except ValueError:
+        raise
+    except Exception as err:  # noqa: BLE001 - any failure of the download is reported the same way
+        raise ArchiveIIUnavailable(f"cannot download ArchiveII from {url}: {type(err).__name__}: {err}") from None
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    shutil.copyfile(archive, tmp)
+    os.replace(tmp, target)
+    return target
+
+
+def _check_content(archive: str | os.PathLike, expected: str | None, url: str, examples=None) -> None:
+    """ValueError unless the archive's :func:`content_digest` is ``expected`` (None: no check)."""
+    if expected is None:
+        return
+    examples = examples_from_archive(archive) if examples is None else examples
+    found = content_digest(examples)
+    if found != expected:
+        raise ValueError(f"{url}: the archive's content (sha256 {found[:12]}..., {len(examples)} structures) is "
+                         f"not ArchiveII's (sha256 {expected[:12]}..., {NUM_STRUCTURES} structures); nothing was kept")
 
 
 def _archive_members(path: Path) -> Iterator[tuple[str, str]]:
@@ -157,7 +276,8 @@ def load_archiveii(
 
     Args:
       path: ``archiveii.tsv``, the ``.tar.gz`` archive, or a folder of ``.ct``
-        files; default :func:`default_path`.
+        files; default :func:`default_path`, and when there is none,
+        :func:`fetch_archiveii` (a download; :class:`ArchiveIIUnavailable` offline).
       split: ``"train"``, ``"valid"`` or ``"test"`` to keep one split; None keeps all.
       fold: a family code to use the leave-that-family-out split instead of
         the random one (see :func:`data.examples.fold_split_of`).
@@ -167,6 +287,14 @@ def load_archiveii(
         raise ValueError(f"unknown family {fold!r}; one of {FAMILIES}")
     if split is not None and split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; one of {SPLITS}")
+    if path is None and default_path() is None:
+        try:
+            path = fetch_archiveii()
+            print(f"ArchiveII downloaded to {path}", file=sys.stderr)
+        except ArchiveIIUnavailable as err:
+            raise ArchiveIIUnavailable(f"ArchiveII not found on this machine (../shared/data/archiveii, "
+                                       f"$FOLDAX_ARCHIVEII, {cache_root()}) and not downloadable: {err}; pass a "
+                                       f"path or set $FOLDAX_ARCHIVEII") from None
     path = Path(path) if path is not None else default_path()
     if path is None or not path.exists():
         raise FileNotFoundError(f"ArchiveII not found at {path}; pass a path or set $FOLDAX_ARCHIVEII")

@@ -30,13 +30,15 @@ Text features come back as ``bytes``.
 from __future__ import annotations
 
 import dataclasses
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
-from data.archiveii import ARCHIVE_NAMES, FAMILIES, URL, examples_from_archive
+from data.archiveii import ARCHIVE_NAMES, FAMILIES, URL, _check_content, examples_from_archive
 from data.examples import SPLITS, fold_split_of
 
 _TEXT = ("id", "family", "sequence", "random_split", "dup_of", "source")
@@ -72,6 +74,12 @@ class Builder(tfds.core.GeneratorBasedBuilder):
     ]
     DEFAULT_CONFIG_NAME = "random"
     pkg_dir_path = epath.Path(__file__).parent  # CITATIONS.bib, README.md
+    #: Where the archive is downloaded from (an instance may point elsewhere, e.g. a mirror or a file:// URL).
+    url = URL
+    #: When set, :func:`data.archiveii.content_digest` the archive must have (else ValueError, nothing kept).
+    expected_sha256: str | None = None
+    #: The archive used by the last ``download_and_prepare`` (None before, or when it was already prepared).
+    archive: Path | None = None
 
     # tfds 4.9.x infers ``code_path`` through ``importlib_resources``, a package
     # it only declares for Python < 3.9; state it directly instead.
@@ -91,15 +99,21 @@ class Builder(tfds.core.GeneratorBasedBuilder):
         )
 
     def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-        examples = examples_from_archive(self._archive_path(dl_manager))
+        self.archive = self._archive_path(dl_manager)
+        examples = examples_from_archive(self.archive)
+        _check_content(self.archive, self.expected_sha256, self.url, examples)
         return {split: self._generate_examples(examples, split) for split in SPLITS}
 
     def _archive_path(self, dl_manager) -> Path:
-        """The archive in the manual directory if there is one, else downloaded."""
+        """The archive in the manual directory if there is one, else downloaded from :attr:`url` (a
+        ``file://`` URL is read where it is: TFDS copies local files only through TensorFlow)."""
         try:
             manual = Path(dl_manager.manual_dir)
         except AssertionError:  # no manual dir (or empty): download
-            return Path(dl_manager.download(URL))
+            parts = urllib.parse.urlparse(self.url)
+            if parts.scheme == "file":
+                return Path(urllib.request.url2pathname(parts.path))
+            return Path(dl_manager.download(self.url))
         for name in ARCHIVE_NAMES:
             if (manual / name).exists():
                 return manual / name

@@ -1,0 +1,429 @@
+"""Compiled fold programs for ``foldax fold``: one XLA program per batch shape, kept across runs.
+
+Everything ``foldax fold`` prints for a batch comes out of one jit-compiled function,
+:func:`fold_batch`, built from the public :mod:`layers` functions:
+
+* the best structure and its score together, as ``jax.value_and_grad`` of
+  :func:`layers.max_score` with respect to ``phi``: the value is ``max_s score(s)``
+  and the gradient the 0/1 indicator of the best structure's pairs (what
+  :func:`layers.best_structure` computes);
+* with ``-p``, ``log Z`` and the pair probabilities ``P = d log Z / d phi`` in one
+  inside + outside pass (what :func:`layers.log_partition` and
+  :func:`layers.pair_probs` compute), then the MEA structure
+  (:func:`layers.mea_structure`) and, for an energy model, the centroid structure
+  (pairs with ``P > 1/2``) and the free energies of the structures it prints
+  (:func:`layers.free_energy`, RNAfold's ``eval_structure``).
+
+A command-line call spends its time in three places: starting Python and importing
+JAX (the floor), *tracing* the Python code of the DP into a program, and *compiling*
+that program with XLA. :class:`FoldPrograms` removes the last two from every run but
+the first: each compiled program is saved, with
+:mod:`jax.experimental.serialize_executable`, in a cache directory (:func:`cache_dir`:
+``~/.cache/foldax/programs`` or ``$FOLDAX_CACHE_DIR``; private to the user, as loading a
+program runs its code) and loaded back in a fraction of a second. Its file name is a
+hash of everything the program depends on (:func:`program_key`: the request, the
+shapes and dtypes of the inputs, the parameters' tree, the devices and the CPU, the
+versions of JAX and jaxlib, and the source code of :mod:`layers` and of this module),
+so an edit or an upgrade makes new programs, never stale ones.
+
+Why not JAX's persistent compilation cache (``jax_compilation_cache_dir``)? It skips
+XLA's compile but not the tracing, which for the Turner grammar costs seconds; and an
+executable that JAX loaded from that cache, saved again, fails when run (``NOT_FOUND:
+Function ... not found``, jax 0.12). So a program compiled from JAX's cache (when the
+user enabled it) is not saved here, and a saved program that fails on its first run
+is deleted and compiled again.
+
+Shapes come in buckets (:data:`layers.DEFAULT_BUCKETS`: a 100-nt sequence runs in the
+128 program) and batch sizes are powers of two, so a new length or a new file
+reuses programs. A batch of ``B >= 2`` sequences is split over the local devices
+(one per core on CPU, :mod:`layers.devices`): the program is compiled for that mesh.
+Without a directory (``FoldPrograms(None)``, e.g. when :mod:`foldax.fold` is used as a
+library) the programs are plain ``jax.jit`` functions kept in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["Request", "fold_batch", "FoldPrograms", "cache_dir", "program_key"]
+
+#: Bump when the layout of the cache directory or of the programs' outputs changes.
+CACHE_FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What one program computes (static: a new value is a new program).
+
+    ``decoder``: ``"mfe"`` (the best-scoring structure, the minimum free energy one for
+    an energy model) or ``"mea"`` (maximum expected accuracy, from the pair
+    probabilities). ``partition``: also ``log_z``. ``probs``: also the ``[B, L, L]``
+    pair probabilities. ``centroid``: also RNAfold's centroid structure, its distance
+    and its score (energy models with ``-p``). ``energy``: the parameters are Turner
+    energy tables; also the free energies of the structures (:func:`fold_batch`).
+    ``min_hairpin``: as in :mod:`layers`.
+    """
+
+    decoder: str = "mfe"
+    partition: bool = False
+    probs: bool = False
+    centroid: bool = False
+    energy: bool = False
+    min_hairpin: int = 3
+
+    def __post_init__(self):
+        if self.decoder not in ("mfe", "mea"):
+            raise ValueError(f"decoder must be 'mfe' or 'mea', got {self.decoder!r}")
+
+    @property
+    def needs_probs(self) -> bool:
+        return self.decoder == "mea" or self.probs or self.centroid
+
+
+def _valid_square(lengths, length):
+    import jax.numpy as jnp
+
+    valid = jnp.arange(length)[None, :] < lengths[:, None]
+    return valid[:, :, None] & valid[:, None, :]
+
+
+def _value_and_pair_gradient(value_fn, params, tokens, lengths, phi, min_hairpin):
+    """``(value [B], d value / d phi)`` symmetrised and masked to the sequences: for the log
+    semiring the pair probabilities, for the max semiring the best structure's 0/1 pairs."""
+    import jax
+    import jax.numpy as jnp
+
+    def total(f):
+        values = value_fn(params, tokens, lengths, phi=f, min_hairpin=min_hairpin)
+        return jnp.sum(values), values
+
+    (_, values), grad = jax.value_and_grad(total, has_aux=True)(phi)
+    matrix = grad + jnp.swapaxes(grad, 1, 2)
+    return values, jnp.where(_valid_square(lengths, tokens.shape[1]), matrix, 0)
+
+
+def _table_of(matrix, lengths, threshold):
+    """Pair table [B, L] (partner or -1) of the pairs whose entry exceeds ``threshold`` (at most one
+    per row: an indicator, or probabilities above 1/2)."""
+    import jax.numpy as jnp
+
+    paired = (jnp.max(matrix, axis=2) > threshold) & (jnp.arange(matrix.shape[1])[None, :] < lengths[:, None])
+    return jnp.where(paired, jnp.argmax(matrix, axis=2), -1).astype(jnp.int32)
+
+
+def fold_batch(params, tokens, lengths, phi, gamma, *, request: Request) -> dict:
+    """Everything printed for a batch ``tokens [B, L]`` (traced; see the module docstring).
+
+    Returns a dict: ``structure [B, L]`` (int32, -1 unpaired or padding) and ``score [B]``
+    (its log-weight, :func:`layers.structure_score`); with ``partition`` ``log_z [B]``;
+    with ``probs`` ``probs [B, L, L]``; with ``centroid`` ``centroid [B, L]``,
+    ``centroid_score [B]`` and ``centroid_distance [B]`` (the expected base-pair distance
+    of the centroid to the ensemble, RNAfold's ``d``). With ``energy`` (Turner
+    parameters) also the free energies (kcal/mol, :func:`layers.free_energy`, RNAfold's
+    ``eval_structure``) of the structures not found by the max semiring: ``energy [B]``
+    for the MEA structure, ``centroid_energy [B]``.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    import layers
+
+    h = request.min_hairpin
+    dtype = jnp.result_type(*jax.tree.leaves(params))
+    pair_phi = jnp.zeros(tokens.shape + tokens.shape[-1:], dtype) if phi is None else phi.astype(dtype)
+    out = {}
+    if request.needs_probs:
+        log_z, probs = _value_and_pair_gradient(layers.log_partition, params, tokens, lengths, pair_phi, h)
+        if request.partition:
+            out["log_z"] = log_z
+        if request.probs:
+            out["probs"] = probs
+    elif request.partition:  # log Z alone: no outside pass
+        out["log_z"] = layers.log_partition(params, tokens, lengths, phi=phi, min_hairpin=h)
+    if request.decoder == "mfe":
+        best, indicator = _value_and_pair_gradient(layers.max_score, params, tokens, lengths, pair_phi, h)
+        out["structure"], out["score"] = _table_of(indicator, lengths, 0.5), best
+    else:
+        out["structure"] = layers.mea_structure(probs, lengths, gamma=gamma, min_hairpin=h)
+        out.update(_values(params, tokens, out["structure"], lengths, phi, request, "score", "energy"))
+    if request.centroid:
+        upper = jnp.triu(probs, 1)
+        out["centroid"] = _table_of(probs, lengths, 0.5)
+        out.update(_values(params, tokens, out["centroid"], lengths, phi, request, "centroid_score",
+                           "centroid_energy"))
+        chosen = (jnp.arange(tokens.shape[1])[None, None, :] == out["centroid"][:, :, None]) & (upper > 0.5)
+        out["centroid_distance"] = jnp.sum(jnp.where(chosen, 1 - upper, upper), axis=(1, 2))
+    return out
+
+
+def _values(params, tokens, table, lengths, phi, request, score_name, energy_name) -> dict:
+    """The log-weight of the structures ``table`` and, for Turner parameters, their free energy."""
+    import layers
+
+    out = {score_name: layers.structure_score(params, tokens, table, lengths, phi=phi, min_hairpin=request.min_hairpin)}
+    if request.energy:
+        out[energy_name] = layers.free_energy(params, tokens, table, lengths)
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# the cache directory
+# --------------------------------------------------------------------------- #
+
+
+def cache_dir(environ=None) -> Path | None:
+    """Where ``foldax fold`` keeps programs: ``$FOLDAX_CACHE_DIR`` (empty: no cache), else
+    ``$XDG_CACHE_HOME/foldax`` or ``~/.cache/foldax``. None when disabled or not creatable."""
+    environ = os.environ if environ is None else environ
+    if "FOLDAX_CACHE_DIR" in environ:
+        chosen = environ["FOLDAX_CACHE_DIR"].strip()
+        if not chosen:
+            return None
+        path = Path(chosen).expanduser()
+    else:
+        base = environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+        path = Path(base) / "foldax"
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)  # private: a saved program is code that runs
+    except OSError:
+        return None
+    return path if os.access(path, os.W_OK) else None
+
+
+@functools.lru_cache(maxsize=1)
+def _source_digest() -> str:
+    """SHA-256 of the source of :mod:`layers` and of this module: programs depend on both."""
+    import layers
+
+    digest = hashlib.sha256()
+    files = sorted(Path(layers.__file__).parent.glob("*.py")) + [Path(__file__)]
+    for path in files:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _machine() -> str:
+    """The CPU (model and instruction-set flags): a compiled CPU program may use any of them."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            info = fh.read().split("\n\n", 1)[0]
+        wanted = [line for line in info.splitlines() if line.split(":")[0].strip() in ("model name", "flags")]
+    except OSError:
+        wanted = []
+    return " ".join([platform.machine(), platform.processor(), *wanted])
+
+
+def _spec(x):
+    return None if x is None else (tuple(np.shape(x)), str(np.result_type(x)))
+
+
+def program_key(request: Request, args: tuple, devices: int) -> str:
+    """The file name of a program: a hash of what the traced program depends on (see the module
+    docstring). ``args = (params, tokens, lengths, phi, gamma)``."""
+    import jax
+    import jaxlib
+
+    params, *rest = args
+    leaves, tree = jax.tree.flatten(params)
+    device = jax.local_devices()[0]
+    parts = [
+        f"format {CACHE_FORMAT}", repr(request), str(tree), repr([_spec(leaf) for leaf in leaves]),
+        repr([_spec(a) for a in rest]), f"devices {devices} of {jax.local_device_count()} {device.platform} "
+        f"{device.device_kind} {device.client.platform_version}", _machine(), f"x64 {jax.config.jax_enable_x64}",
+        f"jax {jax.__version__} jaxlib {jaxlib.__version__}", _source_digest(),
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+# --------------------------------------------------------------------------- #
+# programs
+# --------------------------------------------------------------------------- #
+
+
+class FoldPrograms:
+    """Runs :func:`fold_batch`, keeping each compiled program: in memory, and in ``directory`` (see
+    the module docstring) when one is given. ``stats`` counts where programs came from: ``memory``,
+    ``disk`` (loaded) and ``compiled`` (traced and compiled here); ``notice(shape)`` is called
+    before a program for tokens of that shape is compiled."""
+
+    def __init__(self, directory: str | os.PathLike | None = None, *, notice=None):
+        self.directory = None if directory is None else Path(directory) / "programs"
+        self.notice = notice
+        if self.directory is not None:
+            _listen_to_jax_cache()
+        self._programs: dict = {}
+        self.stats: Counter = Counter()
+
+    def __call__(self, request: Request, params, tokens, lengths, phi=None, gamma=1.0) -> dict:
+        """:func:`fold_batch` of numpy inputs; numpy outputs."""
+        import jax
+
+        dtype = np.result_type(*[np.asarray(leaf).dtype for leaf in jax.tree.leaves(params)])
+        args = (params, np.asarray(tokens, np.int32), np.asarray(lengths, np.int32),
+                None if phi is None else np.asarray(phi), np.asarray(gamma, dtype))
+        mesh = _mesh_for(args[1].shape[0])
+        if mesh is not None:
+            args = _place(args, mesh)
+        key = program_key(request, args, 1 if mesh is None else mesh.size)
+        if key in self._programs:
+            self.stats["memory"] += 1
+            return _numpy(self._programs[key](*args))
+        program = self._load(key, mesh)
+        if program is not None:
+            try:
+                out = _numpy(program(*args))
+                self._programs[key] = program
+                return out
+            except jax.errors.JaxRuntimeError as err:  # a saved program that cannot run: make it again
+                print(f"foldax: the cached program {self._path(key)} failed ({str(err)[:80]}); compiling it again",
+                      file=sys.stderr)
+                self._path(key).unlink(missing_ok=True)
+        program = self._programs[key] = self._compile(key, request, args, mesh)
+        return _numpy(program(*args))
+
+    def _path(self, key: str) -> Path:
+        return self.directory / f"{key}.xla"
+
+    def _load(self, key: str, mesh):
+        import jax
+
+        if self.directory is None:
+            return None
+        devices = jax.local_devices()[:1] if mesh is None else list(mesh.devices.flat)
+        program = _read_program(self._path(key), devices)
+        if program is not None:
+            self.stats["disk"] += 1
+        return program
+
+    def _compile(self, key: str, request: Request, args: tuple, mesh):
+        import jax
+
+        if self.notice is not None:
+            self.notice(args[1].shape)
+        shardings = {} if mesh is None else {"in_shardings": _shardings(args, mesh)}
+        hits = _JAX_CACHE_HITS[0]
+        compiled = jax.jit(functools.partial(fold_batch, request=request), **shardings).lower(*args).compile()
+        self.stats["compiled"] += 1
+        if self.directory is not None and _JAX_CACHE_HITS[0] == hits:  # never save what JAX's cache gave
+            _write_program(self._path(key), compiled)
+        return compiled
+
+
+def _numpy(outputs: dict) -> dict:
+    return {k: np.asarray(v) for k, v in outputs.items()}
+
+
+_JAX_CACHE_HITS = [0]
+
+
+def _count_jax_cache_hits(event: str, **kwargs) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        _JAX_CACHE_HITS[0] += 1
+
+
+@functools.lru_cache(maxsize=1)
+def _listen_to_jax_cache() -> None:
+    """Counts JAX persistent-cache hits (a user may have enabled that cache: its programs are not saved)."""
+    import jax
+
+    jax.monitoring.register_event_listener(_count_jax_cache_hits)
+
+
+#: The program cache is pruned to this size, least recently used programs first.
+MAX_CACHE_BYTES = 2 << 30
+
+
+def _read_program(path: Path, devices):
+    """The compiled program saved in ``path`` for ``devices``, or None (absent, or unusable: then it is
+    compiled again)."""
+    import pickle
+
+    from jax.experimental import serialize_executable
+
+    try:
+        blob = path.read_bytes()
+        os.utime(path)  # its modification time is its last use (see _prune)
+    except OSError:
+        return None
+    try:
+        return serialize_executable.deserialize_and_load(*pickle.loads(blob), execution_devices=devices)
+    except Exception as err:  # noqa: BLE001 - a damaged cache file is rebuilt, never fatal
+        print(f"foldax: removing the unusable cached program {path} ({type(err).__name__}); compiling it again",
+              file=sys.stderr)
+        path.unlink(missing_ok=True)
+        return None
+
+
+def _write_program(path: Path, compiled) -> None:
+    """Saves a compiled program through a temporary file (a reader never sees half of one); a cache
+    that cannot be written only costs time."""
+    import pickle
+
+    from jax.experimental import serialize_executable
+
+    try:
+        blob = pickle.dumps(serialize_executable.serialize(compiled))
+    except (ValueError, NotImplementedError, TypeError, pickle.PicklingError) as err:
+        print(f"foldax: this program cannot be saved ({err}); it will be compiled again next time", file=sys.stderr)
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(blob)
+        os.replace(tmp, path)
+        _prune(path.parent, MAX_CACHE_BYTES)
+    except OSError as err:
+        print(f"foldax: cannot write the program cache {path.parent} ({err.strerror}); continuing without it",
+              file=sys.stderr)
+
+
+def _prune(directory: Path, max_bytes: int) -> None:
+    """Deletes the least recently used programs until the folder holds at most ``max_bytes``."""
+    files = []
+    for path in directory.glob("*.xla"):
+        try:
+            info = path.stat()
+        except OSError:  # removed meanwhile by another foldax
+            continue
+        files.append((info.st_mtime, info.st_size, path))
+    files.sort()
+    total = sum(size for _, size, _ in files)
+    for _, size, path in files[:-1]:  # never the newest
+        if total <= max_bytes:
+            break
+        path.unlink(missing_ok=True)
+        total -= size
+
+
+def _mesh_for(batch: int):
+    """The mesh to split a batch of ``batch`` rows over (:func:`layers.devices.split_count`), or None."""
+    from layers import devices
+
+    k = devices.split_count(batch)
+    return None if k < 2 else devices.batch_mesh(k)
+
+
+def _shardings(args, mesh):
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    replicated, split = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("batch"))
+    params, tokens, lengths, phi, gamma = args
+    return (replicated, split, split, None if phi is None else split, replicated)
+
+
+def _place(args, mesh):
+    import jax
+
+    return tuple(None if a is None else jax.device_put(a, s) for a, s in zip(args, _shardings(args, mesh)))
