@@ -92,7 +92,7 @@ BREAKDOWN = textwrap.dedent(
     import jax, functools, numpy as np
     t1 = time.perf_counter()
     from foldax import parameters, programs
-    import layers
+    from foldax import layers
     params, _ = parameters.load(sys.argv[1])
     params = jax.tree.map(np.asarray, layers.check_params(params))
     tokens, lengths = layers.encode_batch([sys.argv[2]])

@@ -28,7 +28,7 @@ from benchmarks.cpp_baseline import build, cpp_log_partition, cpp_log_partition_
 from benchmarks.naive_scan import naive_log_partition, naive_log_partition_batch  # noqa: E402
 
 try:
-    import layers
+    from foldax import layers
 except Exception as e:  # noqa: BLE001 - any failure just drops the column
     layers, LAYERS_ERROR = None, f"{type(e).__name__}: {e}"
 

@@ -33,9 +33,9 @@ import jax  # noqa: E402
 from jax.sharding import AxisType, NamedSharding, PartitionSpec  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-import layers  # noqa: E402
+from foldax import layers  # noqa: E402
 from benchmarks.naive_scan import naive_log_partition  # noqa: E402
-from layers.decoding import best_structure, pair_probs  # noqa: E402
+from foldax.layers.decoding import best_structure, pair_probs  # noqa: E402
 
 MB = 2**20
 

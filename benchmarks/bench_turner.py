@@ -38,7 +38,7 @@ from benchmarks.cpu_devices import DEVICES  # noqa: E402  (before jax)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-import layers  # noqa: E402
+from foldax import layers  # noqa: E402
 
 MB = 2**20
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from data.archiveii import load_archiveii, recommended_filter
-from layers.alphabet import DEFAULT_BUCKETS
-from train.input_pipeline import InputPipeline, PipelineConfig, suggest_buckets
+from foldax.data.archiveii import load_archiveii, recommended_filter
+from foldax.layers.alphabet import DEFAULT_BUCKETS
+from foldax.train.input_pipeline import InputPipeline, PipelineConfig, suggest_buckets
 
 
 def measure(examples, config: PipelineConfig, epochs: int) -> dict:

@@ -121,7 +121,7 @@ def test_naive_scan_gradient_is_finite_and_exact():
     import jax
     import jax.numpy as jnp
 
-    import layers
+    from foldax import layers
     from benchmarks.naive_scan import naive_log_partition
 
     rng = np.random.default_rng(5)

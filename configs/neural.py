@@ -12,7 +12,7 @@ ArchiveII README. Regularising it (``optimizer.l2``, fewer ``features``) or
 validating on a held-out family is left to tune.
 """
 
-from configs import default
+from foldax.configs import default
 
 
 def get_config():

@@ -1,13 +1,13 @@
 """Synthetic data sampled from known teacher parameters (``layers.default_params``).
 
 2,000 random sequences of 40/60/80 nt, each with one structure drawn exactly
-from the teacher's Boltzmann distribution (``layers.decoding.sample_structures``);
+from the teacher's Boltzmann distribution (``foldax.layers.decoding.sample_structures``);
 300 held-out sequences for the test split. A model that recovers the teacher
 reaches the teacher's held-out log-likelihood per nucleotide (``summary.json``
 reports both: ``test/ll_per_nt`` and ``teacher/test/ll_per_nt``).
 """
 
-from configs import default
+from foldax.configs import default
 
 
 def get_config():

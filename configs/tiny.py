@@ -1,6 +1,6 @@
 """Smoke test: a few dozen steps on a small ArchiveII subset (one bucket), in under a minute on CPU."""
 
-from configs import default
+from foldax.configs import default
 
 
 def get_config():

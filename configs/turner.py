@@ -6,13 +6,13 @@ Turner 2004 (``model.init``: ``"turner2004"`` or a ``.par`` / ``.json`` paramete
 an L2 prior toward the initial values, ``model.prior_strength * SUM (theta - theta_0)^2``, added
 to the per-nucleotide CLL loss: units nats/nt per (kcal/mol)^2, i.e. ``1 / (2 sigma^2 N)`` for
 a Gaussian prior of width ``sigma`` kcal/mol and ``N`` training nucleotides (see
-:mod:`model.models`). ``model.name = "turner_neural"`` adds the ``phi`` encoder of
+:mod:`foldax.model.models`). ``model.name = "turner_neural"`` adds the ``phi`` encoder of
 ``configs/neural.py`` (sizes ``model.features`` etc.).
 
 Data: as ``configs/default.py`` (ArchiveII, family ``data.fold`` held out as the test split,
 training and validation rows up to 200 nt), plus the Turner grammar's cleaning of the training
 and validation structures (``data.noncanonical_pairs``, ``data.long_loops``; see
-:mod:`train.datasets`: ArchiveII has no non-canonical pair, and no structure of up to 200 nt
+:mod:`foldax.train.datasets`: ArchiveII has no non-canonical pair, and no structure of up to 200 nt
 has an interior loop longer than 30, so at these lengths nothing changes).
 
 Hyperparameters: learning rate 0.03 (kcal/mol per Adam step, cosine decay), prior strength
@@ -36,7 +36,7 @@ persistent compilation cache, ``compilation_cache_dir``, keeps them across runs)
 is sized for a GPU or a long CPU run.
 """
 
-from configs import default
+from foldax.configs import default
 
 
 def get_config():

@@ -1,17 +1,17 @@
 """Data: file formats, ArchiveII, user datasets and synthetic data.
 
-* :mod:`data.formats` -- FASTA / dbn / BPSEQ / CT / TSV readers and writers
+* :mod:`foldax.data.formats` -- FASTA / dbn / BPSEQ / CT / TSV readers and writers
   (:func:`~data.formats.load_records`, :class:`~data.formats.RnaRecord`).
-* :mod:`data.examples` -- feature dicts shared by all datasets, splits,
+* :mod:`foldax.data.examples` -- feature dicts shared by all datasets, splits,
   :func:`~data.examples.load_examples` for a user's own files.
-* :mod:`data.archiveii` -- the ArchiveII benchmark: a plain loader and a
-  TensorFlow Datasets builder (``data.archiveii.archiveii_dataset_builder``).
-* :mod:`data.synthetic` -- sequences with structures sampled from a model.
+* :mod:`foldax.data.archiveii` -- the ArchiveII benchmark: a plain loader and a
+  TensorFlow Datasets builder (``foldax.data.archiveii.archiveii_dataset_builder``).
+* :mod:`foldax.data.synthetic` -- sequences with structures sampled from a model.
 
 Importing :mod:`data` is cheap: TensorFlow Datasets is imported only by the
 builder module.
 """
 
-from data.formats import FormatError, LoadReport, RnaRecord, load_records, read_records, write_records
+from foldax.data.formats import FormatError, LoadReport, RnaRecord, load_records, read_records, write_records
 
 __all__ = ["FormatError", "LoadReport", "RnaRecord", "load_records", "read_records", "write_records"]

@@ -11,7 +11,7 @@ sequence           str        upper case, ``T`` -> ``U``
 length             int        number of nucleotides
 pair_table         int32 [n]  a maximum nested subset of the pairs (training
                               target for a nested DP; see
-                              :func:`layers.dotbracket.max_nested_subset`)
+                              :func:`foldax.layers.dotbracket.max_nested_subset`)
 full_pair_table    int32 [n]  every pair, crossing ones included
 pseudoknot         bool       whether any two pairs of ``full_pair_table`` cross
 n_pk_removed       int        pairs dropped to make ``pair_table``
@@ -23,9 +23,9 @@ dup_of             str        id of the first example (in id order) with the sam
 source             str        ``file:line`` the record came from
 =================  =========  ================================================
 
-ArchiveII examples add ``in_lis`` (bool), see :mod:`data.archiveii`.
+ArchiveII examples add ``in_lis`` (bool), see :mod:`foldax.data.archiveii`.
 
->>> from data.formats import parse_records
+>>> from foldax.data.formats import parse_records
 >>> [rec] = parse_records(">x_1\\nGGGAAACCC\\n(((...)))\\n", "dbn")
 >>> ex = make_example(rec)
 >>> ex["family"], ex["length"], ex["pseudoknot"], ex["random_split"]
@@ -40,8 +40,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from data.formats import LoadReport, RnaRecord, load_records
-from layers.dotbracket import count_short_hairpins, max_nested_subset
+from foldax.data.formats import LoadReport, RnaRecord, load_records
+from foldax.layers.dotbracket import count_short_hairpins, max_nested_subset
 
 __all__ = [
     "SPLITS",

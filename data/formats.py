@@ -42,7 +42,7 @@ Malformed input raises :class:`FormatError` (a ``ValueError``) naming the file,
 the line (1-based) and what is wrong. ``strict=False`` skips bad records and
 counts them by reason in a :class:`LoadReport` instead. Structures with
 crossing pairs are handled by ``pseudoknots=``: ``"reduce"`` (keep a maximum
-nested subset, see :func:`layers.dotbracket.max_nested_subset`; counted),
+nested subset, see :func:`foldax.layers.dotbracket.max_nested_subset`; counted),
 ``"skip"`` (drop the record; counted), ``"error"`` (a :class:`FormatError`, or
 in lenient mode skipped and counted as ``"pseudoknot"``) or ``"keep"`` (keep the
 crossing pairs, for evaluation or conversion).
@@ -80,7 +80,7 @@ from pathlib import Path
 
 import numpy as np
 
-from layers.dotbracket import (
+from foldax.layers.dotbracket import (
     StructureError,
     find_crossing,
     from_dot_bracket,
@@ -136,7 +136,7 @@ class FormatError(ValueError):
 class RnaRecord:
     """One RNA: id, sequence and (optionally) its secondary structure.
 
-    ``pair_table`` is a read-only int32 pair table (see :mod:`layers.dotbracket`)
+    ``pair_table`` is a read-only int32 pair table (see :mod:`foldax.layers.dotbracket`)
     or None when the file had no structure (FASTA). ``source`` is ``file:line``
     of the record's first line. Equality compares id, sequence and pair table
     (not ``source``); records are not hashable.

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from data.formats import RnaRecord
-from layers.alphabet import encode
-from layers.dotbracket import validate_pair_table
+from foldax.data.formats import RnaRecord
+from foldax.layers.alphabet import encode
+from foldax.layers.dotbracket import validate_pair_table
 
 __all__ = ["random_sequences", "synthetic_records"]
 
@@ -78,12 +78,12 @@ def synthetic_records(
 
     Every sampled pair table is checked (nested, symmetric, hairpins of at least
     ``min_hairpin``); a violation raises ``ValueError``. Use
-    :func:`data.examples.make_example` for the dataset features (family
+    :func:`foldax.data.examples.make_example` for the dataset features (family
     ``"synthetic"`` with ``family=...``).
     """
     import jax
 
-    from layers import sample_structures  # lazily: the sampler lives in the engine
+    from foldax.layers import sample_structures  # lazily: the sampler lives in the engine
 
     seq_key, sample_key = jax.random.split(key)
     sequences = random_sequences(seq_key, _lengths(num_sequences, lengths), base_probs)

@@ -30,7 +30,7 @@ energy model). Output files with ``-o PREFIX`` (PREFIX may be a directory:
 ``A-Za-z0-9._+-`` become ``_``; a repeated id gets ``_2``...):
 
 * ``PREFIX<id>.<dbn|bpseq|ct>``: what was printed for the record (in .dbn files the
-  ``-p`` lines start with ``# ``, so every file reads back with ``data.formats``);
+  ``-p`` lines start with ``# ``, so every file reads back with ``foldax.data.formats``);
 * ``PREFIX<id>_bpp.txt`` (with ``-p``): two ``#`` header lines, then ``i j p`` lines,
   1-based, ``i < j``, ``p >= --bpp-cutoff``;
 * ``PREFIX<id>_dp.png`` and ``PREFIX<id>_arc.png`` (with ``--plot``; without ``-o``
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
 
     When it starts JAX itself (JAX not imported yet: the ``foldax`` command, not a test
     calling this function), ``foldax fold`` also sets JAX up for the process: one CPU
-    device per core (:func:`layers.devices.default_cpu_devices`) and the program cache
+    device per core (:func:`foldax.layers.devices.default_cpu_devices`) and the program cache
     (:mod:`foldax.programs`).
     """
     own_process = "jax" not in sys.modules
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in FORWARDED:
         import importlib
 
-        train_main = importlib.import_module("train.main")  # lazily: training pulls in a lot
+        train_main = importlib.import_module("foldax.train.main")  # lazily: training pulls in a lot
         try:
             rc = train_main.main(argv)
         except KeyboardInterrupt:  # Ctrl-C outside the training loop (which saves and stops by itself)
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         return 0 if rc is None else int(rc)
     if argv and argv[0] == "familyfold":
-        from train.familyfold import main as familyfold_main  # lazily, as above
+        from foldax.train.familyfold import main as familyfold_main  # lazily, as above
 
         return familyfold_main(argv[1:])
     parser = build_parser()
@@ -275,7 +275,7 @@ def _program_cache(own_process: bool):
 
     directory = None
     if own_process:
-        from layers import devices
+        from foldax.layers import devices
 
         devices.default_cpu_devices()
         directory = programs.cache_dir()

@@ -17,7 +17,7 @@ Input (:func:`read_inputs`), in the habits of RNAfold:
   ``.()[]{}<>`` right after a sequence is that record's *reference* structure (so
   ``.dbn`` files work; a score such as ``(-1.20)`` after it is ignored). Blank lines
   and lines starting with ``;`` or ``#`` are skipped.
-* ``.bpseq``, ``.ct`` and ``.tsv`` files are read with :mod:`data.formats` (their
+* ``.bpseq``, ``.ct`` and ``.tsv`` files are read with :mod:`foldax.data.formats` (their
   structures become references).
 * sequences given on the command line.
 
@@ -28,7 +28,7 @@ file`` when it looks like a path: it holds ``/``, ``\\``, ``.`` or starts with `
 
 What is folded with is a :class:`FoldModel` (:func:`load_model`): score tensors or
 Turner energy tables (:mod:`foldax.parameters`), an optional ``phi`` network (a trained
-:class:`model.models.NeuralPhiModel`), the model's ``min_hairpin``, and the units of its
+:class:`foldax.model.models.NeuralPhiModel`), the model's ``min_hairpin``, and the units of its
 scores. A score is a natural-log
 weight, ``score(s) = log w(s)``. For most models it is a plain score (higher is
 better) and is printed as ``score``, with ``log Z`` beside it; a model whose
@@ -49,10 +49,10 @@ from collections.abc import Iterable, Sequence
 import jax
 import numpy as np
 
-import layers
-from layers.dotbracket import StructureError, from_dot_bracket, pairs_from_table, to_dot_bracket
+from foldax import layers
+from foldax.layers.dotbracket import StructureError, from_dot_bracket, pairs_from_table, to_dot_bracket
 
-#: Formats read with :mod:`data.formats` (everything else is read as FASTA-like text).
+#: Formats read with :mod:`foldax.data.formats` (everything else is read as FASTA-like text).
 STRUCTURED_EXTENSIONS = {".bpseq": "bpseq", ".ct": "ct", ".tsv": "tsv"}
 #: Cells (batch x L x L) one batched call may hold when ``batch_size`` is automatic.
 DEFAULT_MAX_CELLS = 1 << 22
@@ -297,7 +297,7 @@ def parse_text(text: str, name: str, auto_id) -> list[InputRecord | InputError]:
 
 
 def _read_structured(path: str, fmt: str) -> list[InputRecord | InputError]:
-    from data import formats
+    from foldax.data import formats
 
     report = formats.LoadReport()
     try:
@@ -461,8 +461,8 @@ def _restore_workdir(workdir: str, which: str, exported: str) -> FoldModel:
         import jax
         from flax import nnx
 
-        from train import train as trainer
-        from train.main import quiet_orbax
+        from foldax.train import train as trainer
+        from foldax.train.main import quiet_orbax
     except ImportError as err:
         raise ValueError(f"--params {workdir}: a training workdir, but the training package is not available "
                          f"to restore it ({err})") from None
@@ -486,7 +486,7 @@ def _restore_workdir(workdir: str, which: str, exported: str) -> FoldModel:
 
 def _fold_model_of(model, *, workdir, which, step, steps, metrics, best_metric, exported, min_hairpin
                    ) -> FoldModel:
-    """A restored :mod:`model.models` model (``scores(tokens, lengths) -> (params, phi)``) for folding."""
+    """A restored :mod:`foldax.model.models` model (``scores(tokens, lengths) -> (params, phi)``) for folding."""
     import jax
     from flax import nnx
 
@@ -662,7 +662,7 @@ def bpp_text(result: FoldResult, cutoff: float = 1e-5) -> str:
 
 
 def _record(result: FoldResult):
-    from data.formats import RnaRecord
+    from foldax.data.formats import RnaRecord
 
     return RnaRecord(result.record.id, result.record.sequence, result.structure, result.record.source)
 
@@ -713,8 +713,8 @@ def format_result(result: FoldResult, fmt: str = "dbn", *, comments: bool = Fals
     ``# log Z = ...`` comment lines, then ``i base partner``. ct: header ``n  id  score
     = S (...)  log Z = ...``; only an energy model writes ``n  ENERGY = E  id`` (CT
     readers take ``ENERGY`` for a free energy in kcal/mol). The structure part is
-    written by :func:`data.formats.format_records` and reads back with
-    :func:`data.formats.parse_records`.
+    written by :func:`foldax.data.formats.format_records` and reads back with
+    :func:`foldax.data.formats.parse_records`.
     """
     value = result.energy if result.is_energy else result.score
     if fmt == "dbn":
@@ -723,7 +723,7 @@ def format_result(result: FoldResult, fmt: str = "dbn", *, comments: bool = Fals
         if result.log_z is not None:
             text += "".join(f"{'# ' if comments else ''}{line}\n" for line in _ensemble_lines(result))
         return text
-    from data.formats import format_records
+    from foldax.data.formats import format_records
 
     rec = _record(result)
     if fmt == "bpseq":

@@ -56,14 +56,14 @@ def shipped() -> dict:
     """The registry: ``{name: entry}`` (see ``layers/data/registry.json``)."""
     from importlib import resources
 
-    text = resources.files("layers").joinpath("data", REGISTRY).read_text(encoding="utf-8")
+    text = resources.files("foldax.layers").joinpath("data", REGISTRY).read_text(encoding="utf-8")
     return json.loads(text)["params"]
 
 
 def _data_path(file: str) -> str:
     from importlib import resources
 
-    return str(resources.files("layers").joinpath("data", file))
+    return str(resources.files("foldax.layers").joinpath("data", file))
 
 
 def load(spec: str, *, dtype=None):
@@ -94,7 +94,7 @@ def load(spec: str, *, dtype=None):
 
 
 def _load_shipped(name: str, entry: dict, dtype):
-    import layers
+    from foldax import layers
 
     if "builtin" in entry:
         params = getattr(layers, entry["builtin"])()
@@ -110,7 +110,7 @@ def _load_shipped(name: str, entry: dict, dtype):
 
 def _via_library(spec: str, dtype):
     """``layers.load_params`` when the library has it (it reads the same names and files)."""
-    import layers
+    from foldax import layers
 
     loader = getattr(layers, "load_params", None)
     if loader is None:
@@ -121,7 +121,7 @@ def _via_library(spec: str, dtype):
 
 def _read_file(path: str, ext: str, dtype):
     """``(params, provenance text)`` of a parameter file (the fallback reader)."""
-    import layers
+    from foldax import layers
 
     if ext == ".par":
         try:
@@ -150,7 +150,7 @@ def _par_comment(path: str) -> str:
 
 
 def _read_turner_json(path: str, dtype):
-    from layers import energy_params
+    from foldax.layers import energy_params
 
     try:
         with open(path, encoding="utf-8") as fh:
@@ -175,7 +175,7 @@ def _describe(record) -> str:
 def _read_npz(path: str):
     import numpy as np
 
-    import layers
+    from foldax import layers
 
     try:
         with np.load(path) as data:
@@ -194,6 +194,6 @@ def _read_npz(path: str):
 
 
 def _grammar(params) -> str:
-    import layers
+    from foldax import layers
 
     return "turner" if layers.is_energy_params(params) else "stacking"

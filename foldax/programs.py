@@ -12,7 +12,7 @@ Everything ``foldax fold`` prints for a batch comes out of one jit-compiled func
   :func:`layers.pair_probs` compute), then the MEA structure
   (:func:`layers.mea_structure`) and, for an energy model, the centroid structure
   (pairs with ``P > 1/2``) and the free energies of the structures it prints
-  (:func:`layers.free_energy`, RNAfold's ``eval_structure``).
+  (:func:`foldax.layers.free_energy`, RNAfold's ``eval_structure``).
 
 A command-line call spends its time in three places: starting Python and importing
 JAX (the floor), *tracing* the Python code of the DP into a program, and *compiling*
@@ -36,7 +36,7 @@ is deleted and compiled again.
 Shapes come in buckets (:data:`layers.DEFAULT_BUCKETS`: a 100-nt sequence runs in the
 128 program) and batch sizes are powers of two, so a new length or a new file
 reuses programs. A batch of ``B >= 2`` sequences is split over the local devices
-(one per core on CPU, :mod:`layers.devices`): the program is compiled for that mesh.
+(one per core on CPU, :mod:`foldax.layers.devices`): the program is compiled for that mesh.
 Without a directory (``FoldPrograms(None)``, e.g. when :mod:`foldax.fold` is used as a
 library) the programs are plain ``jax.jit`` functions kept in memory.
 """
@@ -127,14 +127,14 @@ def fold_batch(params, tokens, lengths, phi, gamma, *, request: Request) -> dict
     with ``probs`` ``probs [B, L, L]``; with ``centroid`` ``centroid [B, L]``,
     ``centroid_score [B]`` and ``centroid_distance [B]`` (the expected base-pair distance
     of the centroid to the ensemble, RNAfold's ``d``). With ``energy`` (Turner
-    parameters) also the free energies (kcal/mol, :func:`layers.free_energy`, RNAfold's
+    parameters) also the free energies (kcal/mol, :func:`foldax.layers.free_energy`, RNAfold's
     ``eval_structure``) of the structures not found by the max semiring: ``energy [B]``
     for the MEA structure, ``centroid_energy [B]``.
     """
     import jax
     import jax.numpy as jnp
 
-    import layers
+    from foldax import layers
 
     h = request.min_hairpin
     dtype = jnp.result_type(*jax.tree.leaves(params))
@@ -166,7 +166,7 @@ def fold_batch(params, tokens, lengths, phi, gamma, *, request: Request) -> dict
 
 def _values(params, tokens, table, lengths, phi, request, score_name, energy_name) -> dict:
     """The log-weight of the structures ``table`` and, for Turner parameters, their free energy."""
-    import layers
+    from foldax import layers
 
     out = {score_name: layers.structure_score(params, tokens, table, lengths, phi=phi, min_hairpin=request.min_hairpin)}
     if request.energy:
@@ -201,7 +201,7 @@ def cache_dir(environ=None) -> Path | None:
 @functools.lru_cache(maxsize=1)
 def _source_digest() -> str:
     """SHA-256 of the source of :mod:`layers` and of this module: programs depend on both."""
-    import layers
+    from foldax import layers
 
     digest = hashlib.sha256()
     files = sorted(Path(layers.__file__).parent.glob("*.py")) + [Path(__file__)]
@@ -408,8 +408,8 @@ def _prune(directory: Path, max_bytes: int) -> None:
 
 
 def _mesh_for(batch: int):
-    """The mesh to split a batch of ``batch`` rows over (:func:`layers.devices.split_count`), or None."""
-    from layers import devices
+    """The mesh to split a batch of ``batch`` rows over (:func:`foldax.layers.devices.split_count`), or None."""
+    from foldax.layers import devices
 
     k = devices.split_count(batch)
     return None if k < 2 else devices.batch_mesh(k)

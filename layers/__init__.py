@@ -1,16 +1,16 @@
 """foldax layers: the RNA inside algorithm as a fast, exact, differentiable JAX core."""
 
-from layers.alphabet import ALPHABET, DEFAULT_BUCKETS, PAD_TOKEN, bucket_length, decode, encode, encode_batch
-from layers.decoding import best_structure, mea_structure, pair_probs, sample_structures
-from layers.devices import use_all_cores
-from layers.dotbracket import from_dot_bracket, to_dot_bracket
-from layers.energy_params import KT, load_parameter_file, save_parameter_file, turner2004
-from layers.free_energy import ensemble_free_energy, free_energy
-from layers.inside import check_params, is_energy_params, log_partition, max_score
-from layers.params import default_params, init_params
-from layers.params_io import load_params, read_provenance, save_params
-from layers.semiring import LOG, MAX, LogSemiring, MaxSemiring, SampleSemiring
-from layers.structure import log_prob, structure_score
+from foldax.layers.alphabet import ALPHABET, DEFAULT_BUCKETS, PAD_TOKEN, bucket_length, decode, encode, encode_batch
+from foldax.layers.decoding import best_structure, mea_structure, pair_probs, sample_structures
+from foldax.layers.devices import use_all_cores
+from foldax.layers.dotbracket import from_dot_bracket, to_dot_bracket
+from foldax.layers.energy_params import KT, load_parameter_file, save_parameter_file, turner2004
+from foldax.layers.free_energy import ensemble_free_energy, free_energy
+from foldax.layers.inside import check_params, is_energy_params, log_partition, max_score
+from foldax.layers.params import default_params, init_params
+from foldax.layers.params_io import load_params, read_provenance, save_params
+from foldax.layers.semiring import LOG, MAX, LogSemiring, MaxSemiring, SampleSemiring
+from foldax.layers.structure import log_prob, structure_score
 
 __all__ = [
     "ALPHABET",
@@ -51,8 +51,8 @@ __all__ = [
     "use_all_cores",
 ]
 
-# Flax layers (layers/nnx_layer.py), imported on first use so that `import layers` stays free of Flax.
-_LAZY = {"InsideLayer": "layers.nnx_layer", "LinenInsideLayer": "layers.nnx_layer"}
+# Flax layers (layers/nnx_layer.py), imported on first use so that `import foldax.layers` stays free of Flax.
+_LAZY = {"InsideLayer": "foldax.layers.nnx_layer", "LinenInsideLayer": "foldax.layers.nnx_layer"}
 __all__ += list(_LAZY)
 
 

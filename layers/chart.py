@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from layers.semiring import LOG, MAX, SampleSemiring
+from foldax.layers.semiring import LOG, MAX, SampleSemiring
 
 #: Upper limit of the automatic chunk count (see ``auto_num_chunks``).
 MAX_AUTO_CHUNKS = 16

@@ -27,9 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from layers import chart
-from layers.chart import DEFAULT_NUM_CHUNKS
-from layers.inside import (
+from foldax.layers import chart
+from foldax.layers.chart import DEFAULT_NUM_CHUNKS
+from foldax.layers.inside import (
     _batched_value,
     _check_inputs,
     _result_dtype,
@@ -70,7 +70,7 @@ def pair_probs(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chu
     to ``p(i paired) <= 1``. Cost: one inside and one outside pass.
 
     Example:
-      >>> import layers
+      >>> from foldax import layers
       >>> P = pair_probs(layers.default_params(), layers.encode("GGGGAAACCCC"))
       >>> round(float(P[0, 10]), 2), bool(P.sum(axis=1).max() <= 1 + 1e-6)
       (0.61, True)
@@ -107,7 +107,7 @@ def best_structure(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num
     point, stacking before a loop). Returns int32 ``[n]`` (or ``[B, L]``, -1 on padding).
 
     Example:
-      >>> import layers
+      >>> from foldax import layers
       >>> pt = best_structure(layers.default_params(), layers.encode("GGGGAAACCCC"))
       >>> layers.to_dot_bracket(pt)
       '((((...))))'
@@ -145,7 +145,7 @@ def mea_structure(pair_probs, lengths=None, *, gamma=1.0, min_hairpin=3, num_chu
       gamma: pair weight (a float; may be traced).
 
     Example:
-      >>> import layers
+      >>> from foldax import layers
       >>> params, x = layers.default_params(), layers.encode("GGGGAAACCCC")
       >>> layers.to_dot_bracket(mea_structure(pair_probs(params, x)))
       '((((...))))'
@@ -199,7 +199,7 @@ def sample_structures(key, params, tokens, num_samples, lengths=None, *, phi=Non
     """``num_samples`` exact, independent samples from ``p(s | x) = e^{score(s)} / Z(x)``.
 
     One inside pass, then an outside pass in the sampling semiring per group of samples
-    (:func:`layers.chart.sample_pairs`: the adjoint goes to one alternative drawn from its
+    (:func:`foldax.layers.chart.sample_pairs`: the adjoint goes to one alternative drawn from its
     softmax share, a stochastic traceback written as the outside pass of the same
     recursion). O(n^3) per sample, vectorised over samples and sequences.
 
@@ -212,7 +212,7 @@ def sample_structures(key, params, tokens, num_samples, lengths=None, *, phi=Non
       int32 pair tables ``[num_samples, n]`` (or ``[B, num_samples, L]``, -1 on padding).
 
     Example:
-      >>> import jax, layers
+      >>> import jax; from foldax import layers
       >>> tables = sample_structures(jax.random.key(0), layers.default_params(), layers.encode("GGGGAAACCCC"), 1000)
       >>> tables.shape, round(float((tables[:, 0] == 10).mean()), 1)  # pair_probs: P[0, 10] = 0.61
       ((1000, 11), 0.6)

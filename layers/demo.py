@@ -1,6 +1,6 @@
 """The built-in default job: score a few example RNAs with the default parameters.
 
-Run ``python -m layers.demo [SEQ ...]``: prints each sequence's length, log Z
+Run ``python -m foldax.layers.demo [SEQ ...]``: prints each sequence's length, log Z
 (log-sum over all structures) and the best structure's score, computed as one
 padded batch.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import time
 
-import layers
+from foldax import layers
 
 EXAMPLES = {
     "hairpin": "GGGGAAACCCC",

@@ -7,7 +7,7 @@ public functions (:func:`layers.log_partition`, :func:`layers.pair_probs`,
 (:func:`over_local_devices`); nothing else changes. The device count is fixed when JAX
 starts (its first computation), hence the one-liner at the top of a script::
 
-    import layers
+    from foldax import layers
     layers.use_all_cores()          # before the first JAX computation
     tokens, lengths = layers.encode_batch(sequences)
     layers.log_partition(layers.default_params(), tokens, lengths)   # split over the cores
@@ -76,7 +76,7 @@ def use_all_cores(num_devices: int | None = None, *, divides: int | None = None)
     :class:`RuntimeError` that says what to do instead.
 
     Example (in a fresh process):
-      >>> import layers
+      >>> from foldax import layers
       >>> n = layers.use_all_cores()    # doctest: +SKIP
     """
     import jax

@@ -1,10 +1,10 @@
 """Turner 2004 free energy of given structures in JAX: batched, jit-able, differentiable.
 
 :func:`loop_energy` evaluates ``E(s)`` (kcal/mol) of a batch of (sequence, structure) pairs under
-the Turner 2004 model exactly as :mod:`layers.energy_reference` (and ViennaRNA's
+the Turner 2004 model exactly as :mod:`foldax.layers.energy_reference` (and ViennaRNA's
 ``eval_structure``) define it; ``pf=True`` gives the partition-function energies. The result is
 differentiable with respect to every table of the parameter pytree
-(:mod:`layers.energy_params`), special hairpin energies included: the gradient of ``E(s)`` is
+(:mod:`foldax.layers.energy_params`), special hairpin energies included: the gradient of ``E(s)`` is
 the count of each table entry's uses in ``s``.
 
 How (O(n log n) time, O(n) memory per sequence, no sequential scan):
@@ -39,9 +39,9 @@ untruncated (ViennaRNA's partition function), and caps the ninio term of 2x3 loo
 ``max_ninio``.
 
 >>> import numpy as np
->>> from layers.alphabet import encode_batch
->>> from layers.dotbracket import from_dot_bracket
->>> from layers.energy_params import turner2004
+>>> from foldax.layers.alphabet import encode_batch
+>>> from foldax.layers.dotbracket import from_dot_bracket
+>>> from foldax.layers.energy_params import turner2004
 >>> tokens, lengths = encode_batch(["GGGGAAACCCC", "GCUUCGGC"], buckets=None)
 >>> pt = np.full(tokens.shape, -1)
 >>> pt[0, :11], pt[1, :8] = from_dot_bracket("((((...))))"), from_dot_bracket("((....))")
@@ -58,8 +58,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from layers.alphabet import encode
-from layers.energy_params import MAX_LOOP, PAIR_INDEX, SPECIAL_HAIRPIN_LENGTHS, check_energy_params
+from foldax.layers.alphabet import encode
+from foldax.layers.energy_params import MAX_LOOP, PAIR_INDEX, SPECIAL_HAIRPIN_LENGTHS, check_energy_params
 
 __all__ = ["loop_energy"]
 
@@ -83,7 +83,7 @@ def loop_energy(params, tokens, pair_table, lengths=None, *, pf: bool = False):
     """Free energy (kcal/mol) of each structure and whether the Turner grammar allows it.
 
     Args:
-      params: the Turner parameter pytree (:func:`layers.energy_params.turner2004`).
+      params: the Turner parameter pytree (:func:`foldax.layers.energy_params.turner2004`).
       tokens: int ``[B, L]`` (or ``[L]``) tokens ``A=0 C=1 G=2 U=3 N=4``.
       pair_table: int ``[B, L]`` (or ``[L]``): 0-based partner of each position, -1 if unpaired.
       lengths: int ``[B]`` (or scalar) sequence lengths, clipped to ``[0, L]``; default ``L``.

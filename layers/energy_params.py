@@ -43,7 +43,7 @@ key                        shape           meaning (``t`` = pair type, bases in 
                                            (5, 6 or 8 letters over ACGU)
 =========================  ==============  =====================================================
 
-Indices: bases follow :mod:`layers.alphabet` (``A=0 C=1 G=2 U=3 N=4``), pair types follow
+Indices: bases follow :mod:`foldax.layers.alphabet` (``A=0 C=1 G=2 U=3 N=4``), pair types follow
 :data:`PAIR_TYPES` (``CG=0 GC=1 GU=2 UG=3 AU=4 UA=5``, ViennaRNA's pair type minus one);
 :data:`PAIR_INDEX` gives the type of ``(x_i, x_j)`` (-1 if they cannot pair; N pairs with nothing).
 
@@ -294,7 +294,7 @@ _TURNER_RAW_CACHE: dict = {}
 def _turner2004_raw() -> dict:
     """Turner 2004 in ViennaRNA layout, from the packaged data file (cached, returned as a copy)."""
     if not _TURNER_RAW_CACHE:
-        text = resources.files("layers").joinpath("data", _DATA_FILE).read_text(encoding="utf-8")
+        text = resources.files("foldax.layers").joinpath("data", _DATA_FILE).read_text(encoding="utf-8")
         _TURNER_RAW_CACHE.update(_raw_from_data(json.loads(text), _DATA_FILE))
     return _copy_raw(_TURNER_RAW_CACHE)
 

@@ -2,7 +2,7 @@
 
 A plain Python/NumPy loop decomposition, written from the model's definition (ViennaRNA 2.x with
 ``RNA.md()`` defaults: dangles=2, special hairpins, no lonely-pair restriction) to serve as the
-oracle of the JAX evaluator (:mod:`layers.energy`) and of the DP. All energies in kcal/mol.
+oracle of the JAX evaluator (:mod:`foldax.layers.energy`) and of the DP. All energies in kcal/mol.
 
 A nested secondary structure decomposes into loops; ``E(s)`` is the sum of their energies.
 With ``t(p, q)`` the pair type of (x_p, x_q) (:data:`~layers.energy_params.PAIR_INDEX`),
@@ -52,7 +52,7 @@ ViennaRNA's integer eval returns its INF sentinel (>= 100000 kcal/mol). Loops la
 evaluated by extrapolation like ViennaRNA's eval, although the Turner grammar (and ViennaRNA's
 folding) never produces interior loops or bulges of more than 30 nucleotides.
 
->>> from layers.energy_params import turner2004
+>>> from foldax.layers.energy_params import turner2004
 >>> params = turner2004()
 >>> round(reference_free_energy(params, "GGGGAAACCCC", "((((...))))"), 6)
 -4.5
@@ -67,9 +67,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from layers.alphabet import ALPHABET, encode
-from layers.dotbracket import from_dot_bracket, table_from_pairs, validate_pair_table
-from layers.energy_params import MAX_LOOP, PAIR_INDEX, SCALAR_NAMES, TABLE_SHAPES, check_energy_params
+from foldax.layers.alphabet import ALPHABET, encode
+from foldax.layers.dotbracket import from_dot_bracket, table_from_pairs, validate_pair_table
+from foldax.layers.energy_params import MAX_LOOP, PAIR_INDEX, SCALAR_NAMES, TABLE_SHAPES, check_energy_params
 
 __all__ = [
     "LoopEnergy",
@@ -294,7 +294,7 @@ def reference_free_energy(params, sequence, structure, *, pf: bool = False) -> f
     (``md.pf_smooth = 0``) gives the structure. +inf for non-canonical pairs and for loops that use
     a +inf entry. See the module docstring for the formulas.
 
-    >>> from layers.energy_params import turner2004
+    >>> from foldax.layers.energy_params import turner2004
     >>> round(reference_free_energy(turner2004(), "GCUUCGGC", [(0, 7), (1, 6)]), 6)  # UUCG tetraloop
     0.3
     """
@@ -368,7 +368,7 @@ def brute_force_ensemble_free_energy(params, sequence, *, pf: bool = True, phi=N
     ensemble free energy (``md.pf_smooth = 0``; with soft constraints ``fc.sc_add_bp(i+1, j+1, e)``
     for ``phi[i, j] = -e / kT``).
     """
-    from layers.energy_params import KT
+    from foldax.layers.energy_params import KT
 
     p = params if _is_numpy(params) else numpy_params(params)
     x = _tokens(sequence)

@@ -13,7 +13,7 @@ For Turner parameters ``max_score`` and ``structure_score`` are log-weights, so 
 energy is ``-KT * max_score``, and ``free_energy`` of ``best_structure`` equals it.
 
 Example:
-  >>> import layers
+  >>> from foldax import layers
   >>> params, x = layers.turner2004(), layers.encode("GGGGAAACCCC")
   >>> round(float(free_energy(params, x, "((((...))))")), 2)
   -4.5
@@ -27,10 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from layers.dotbracket import StructureError, from_dot_bracket
-from layers.energy import loop_energy
-from layers.energy_params import KT, PAIR_INDEX
-from layers.inside import _check_inputs, _is_concrete, check_params, is_energy_params, log_partition
+from foldax.layers.dotbracket import StructureError, from_dot_bracket
+from foldax.layers.energy import loop_energy
+from foldax.layers.energy_params import KT, PAIR_INDEX
+from foldax.layers.inside import _check_inputs, _is_concrete, check_params, is_energy_params, log_partition
 
 
 def _require_energy_params(params, what):
@@ -64,7 +64,7 @@ def _pair_tables(structure, tokens_shape, batched):
 def _explain_invalid(params, tokens, tables, lengths, valid, min_hairpin):
     """For concrete inputs: a StructureError naming the sequence and position of the first
     structure the Turner grammar cannot produce."""
-    from layers.dotbracket import validate_pair_table
+    from foldax.layers.dotbracket import validate_pair_table
 
     for b in np.flatnonzero(~np.asarray(valid)):
         n = int(lengths[b])
@@ -119,7 +119,7 @@ def ensemble_free_energy(params, tokens, lengths=None, *, phi=None, min_hairpin=
 def turner_structure_score(params, tokens, pair_table, lengths, phi, min_hairpin):
     """``(log-weight [B], valid [B])`` of batched structures under the Turner grammar:
     ``-E_pf(s)/kT + SUM_{(i,j) in s} phi[i, j]``; ``valid`` is False where the grammar
-    excludes the structure (see :func:`layers.energy.loop_energy`)."""
+    excludes the structure (see :func:`foldax.layers.energy.loop_energy`)."""
     energy, valid = loop_energy(params, tokens, pair_table, lengths, pf=True)
     batch, length = tokens.shape
     pos = jnp.arange(length)

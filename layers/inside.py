@@ -3,7 +3,7 @@
 The parameters choose the grammar: the stacking grammar's four score tensors
 (``layers.init_params``, ``layers.default_params``; ``layers/stacking.py``) or the Turner
 2004 energy tables (``layers.turner2004()``, ``layers.load_parameter_file``;
-``layers/turner.py``). Every function here and in ``layers.decoding`` / ``layers.structure``
+``layers/turner.py``). Every function here and in ``foldax.layers.decoding`` / ``foldax.layers.structure``
 accepts both and behaves identically.
 """
 
@@ -16,10 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from layers import chart, devices, stacking, turner
-from layers.alphabet import NUM_TOKENS
-from layers.energy_params import check_energy_params
-from layers.stacking import PARAM_SHAPES
+from foldax.layers import chart, devices, stacking, turner
+from foldax.layers.alphabet import NUM_TOKENS
+from foldax.layers.energy_params import check_energy_params
+from foldax.layers.stacking import PARAM_SHAPES
 
 
 def is_energy_params(params) -> bool:
@@ -36,7 +36,7 @@ def check_params(params: Mapping) -> dict:
     """Returns the parameters as a plain dict of float arrays; raises a clear error on a bad one.
 
     Stacking scores (``stack pair unpaired loop``) or Turner energy tables (see
-    :mod:`layers.energy_params`).
+    :mod:`foldax.layers.energy_params`).
     """
     if is_energy_params(params):
         params = {k: ({s: _leaf(e) for s, e in v.items()} if k == "special_hairpins" else _leaf(v))
@@ -124,7 +124,7 @@ def _problem(grammar, length, num_chunks):
 
 
 def engine_inputs(params, tokens, lengths, phi, *, min_hairpin, semiring="log", num_chunks=None):
-    """``(problem, inputs)`` for the chart engine (``layers.chart``): the grammar the
+    """``(problem, inputs)`` for the chart engine (``foldax.layers.chart``): the grammar the
     parameters belong to, with its per-cell scores for ``tokens`` [B, L] (checked params)."""
     length = tokens.shape[1]
     if is_energy_params(params):
@@ -138,7 +138,7 @@ def engine_inputs(params, tokens, lengths, phi, *, min_hairpin, semiring="log", 
 
 
 def cell_scores(params, tokens, phi=None):
-    """The stacking grammar's engine inputs (see :func:`layers.stacking.cell_scores`)."""
+    """The stacking grammar's engine inputs (see :func:`foldax.layers.stacking.cell_scores`)."""
     return stacking.cell_scores(params, tokens, phi)
 
 
@@ -167,7 +167,7 @@ def batch_sharded(fn, tokens, num_outputs=1):
     is sharded over an *explicit* mesh (``jax.make_mesh`` + ``jax.set_mesh``), ``fn`` runs
     in auto mode and hands back outputs sharded along their leading (batch) axis. A
     concrete batch that nobody placed is split over the local devices
-    (:func:`layers.devices.over_local_devices`).
+    (:func:`foldax.layers.devices.over_local_devices`).
     """
     batch_spec = _explicit_batch_spec(tokens)
     if batch_spec is None:
@@ -206,7 +206,7 @@ def log_partition(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_
       Under ``jit`` the range checks on ``tokens``/``lengths`` cannot run.
 
     Example:
-      >>> import layers, jax.numpy as jnp
+      >>> import jax.numpy as jnp; from foldax import layers
       >>> params = layers.default_params()
       >>> float(layers.log_partition(params, layers.encode("GGGAAACCC"))) > 0
       True

@@ -5,7 +5,7 @@ of :mod:`layers` as a method, with its own parameters filled in. The parameters 
 grammar (as everywhere in :mod:`layers`):
 
 * **stacking** (``InsideLayer(rngs=nnx.Rngs(0))`` or ``params="default"``): the four score
-  tensors of :mod:`layers.stacking`, natural-log scores:
+  tensors of :mod:`foldax.layers.stacking`, natural-log scores:
 
   =============  ==================  ==============================================
   param          shape               score of
@@ -18,7 +18,7 @@ grammar (as everywhere in :mod:`layers`):
   =============  ==================  ==============================================
 
 * **Turner 2004** (``InsideLayer(params="turner2004")``, or any energy tables, e.g. a ``.par``
-  file's path): every table of :mod:`layers.energy_params` (kcal/mol; ``stack [6, 6]``,
+  file's path): every table of :mod:`foldax.layers.energy_params` (kcal/mol; ``stack [6, 6]``,
   ``int22 [6, 6, 5, 5, 5, 5]``, ``hairpin [31]``, ``ml_closing []``, ...) is an
   ``nnx.Param`` of the same name, and the special hairpin energies are one ``nnx.Param``
   vector ``special_hairpins [K]`` whose entries belong to the loops
@@ -63,7 +63,7 @@ collection; its methods are reached with ``apply(..., method=...)``::
             phi = ...                                   # [B, L, L] from any Linen layers
             return LinenInsideLayer(params="turner2004", name="inside")(tokens, lengths, phi=phi)
 
->>> import layers
+>>> from foldax import layers
 >>> layer = InsideLayer(params="default")
 >>> float(layer(layers.encode("GGGAAACCC"))) > 0
 True
@@ -83,18 +83,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from layers import decoding as _decoding
-from layers.free_energy import ensemble_free_energy as _ensemble_free_energy
-from layers.free_energy import free_energy as _free_energy
-from layers import structure as _structure
-from layers.chart import DEFAULT_NUM_CHUNKS
-from layers.energy_params import SCALAR_NAMES, TABLE_SHAPES
-from layers.inside import PARAM_SHAPES, check_params, is_energy_params, log_partition, max_score
-from layers.params import init_params
+from foldax.layers import decoding as _decoding
+from foldax.layers.free_energy import ensemble_free_energy as _ensemble_free_energy
+from foldax.layers.free_energy import free_energy as _free_energy
+from foldax.layers import structure as _structure
+from foldax.layers.chart import DEFAULT_NUM_CHUNKS
+from foldax.layers.energy_params import SCALAR_NAMES, TABLE_SHAPES
+from foldax.layers.inside import PARAM_SHAPES, check_params, is_energy_params, log_partition, max_score
+from foldax.layers.params import init_params
 
 __all__ = ["InsideLayer", "LinenInsideLayer", "PARAM_NAMES", "TURNER_PARAM_NAMES"]
 
-#: The stacking grammar's score tensors, in the order of :data:`layers.inside.PARAM_SHAPES`.
+#: The stacking grammar's score tensors, in the order of :data:`foldax.layers.inside.PARAM_SHAPES`.
 PARAM_NAMES = tuple(PARAM_SHAPES)
 #: The Turner tables held as ``nnx.Param`` (plus the vector ``special_hairpins``).
 TURNER_PARAM_NAMES = tuple(TABLE_SHAPES) + tuple(SCALAR_NAMES)
@@ -103,7 +103,7 @@ TURNER_PARAM_NAMES = tuple(TABLE_SHAPES) + tuple(SCALAR_NAMES)
 def _initial_values(params, rngs, init_scale, dtype) -> dict:
     """The starting parameters as a checked dict of ``dtype`` arrays (either grammar)."""
     if isinstance(params, str):
-        from layers.params_io import load_params
+        from foldax.layers.params_io import load_params
 
         return load_params(params, dtype=dtype)
     if params is not None:
@@ -248,7 +248,7 @@ class InsideLayer(nnx.Module):
                                           **self._kw())
 
     def free_energy(self, tokens, structure, lengths=None):
-        """``E(s)`` in kcal/mol (:func:`layers.free_energy`); Turner tables only."""
+        """``E(s)`` in kcal/mol (:func:`foldax.layers.free_energy`); Turner tables only."""
         self._require_energy("free_energy")
         return _free_energy(self.params_dict(), tokens, structure, lengths)
 

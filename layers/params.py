@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from layers.alphabet import ALPHABET
+from foldax.layers.alphabet import ALPHABET
 
 # Watson-Crick and wobble pairs are the only ones real RNA forms.
 CANONICAL_PAIRS = ("AU", "UA", "GC", "CG", "GU", "UG")

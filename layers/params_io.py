@@ -58,13 +58,13 @@ _STACKING_KEYS = ("stack", "pair", "unpaired", "loop")
 
 
 def _turner2004(dtype):
-    from layers.energy_params import turner2004
+    from foldax.layers.energy_params import turner2004
 
     return turner2004(dtype)
 
 
 def _default(dtype):
-    from layers.params import default_params
+    from foldax.layers.params import default_params
 
     return default_params(dtype)
 
@@ -74,7 +74,7 @@ NAMED_PARAMS: dict[str, Callable] = {"turner2004": _turner2004, "default": _defa
 
 
 def _is_energy(params) -> bool:
-    from layers.inside import is_energy_params
+    from foldax.layers.inside import is_energy_params
 
     return is_energy_params(params)
 
@@ -111,7 +111,7 @@ def load_params(name_or_path, *, dtype=jnp.float32) -> dict:
     elif ext == ".npz":
         params = _load_npz(name, dtype)
     elif ext == ".par":
-        from layers.energy_params import load_parameter_file
+        from foldax.layers.energy_params import load_parameter_file
 
         return load_parameter_file(name, dtype=dtype)
     else:
@@ -120,7 +120,7 @@ def load_params(name_or_path, *, dtype=jnp.float32) -> dict:
 
 
 def _checked(params, name):
-    from layers.inside import check_params
+    from foldax.layers.inside import check_params
 
     try:
         return check_params(params)
@@ -187,7 +187,7 @@ def _load_json(path: str, dtype) -> dict:
         raise ValueError(f"{path}: not a foldax parameter file (a JSON object with 'format' expected)")
     fmt = data.get("format")
     if fmt == "foldax-energy-params-1":  # the packaged Turner data file's own format (integer dcal/mol)
-        from layers import energy_params
+        from foldax.layers import energy_params
 
         try:
             return energy_params._from_raw(energy_params._raw_from_data(data, os.path.basename(path)), dtype)
@@ -264,7 +264,7 @@ def save_params(params, path, *, provenance: Mapping | None = None) -> None:
 
     Parameters holding NaN (or ``-inf``) are refused with a ``ValueError``.
     """
-    from layers.inside import check_params
+    from foldax.layers.inside import check_params
 
     path = os.fspath(path)
     params = check_params(params)
@@ -284,7 +284,7 @@ def save_params(params, path, *, provenance: Mapping | None = None) -> None:
         if not _is_energy(params):
             raise ValueError(f"cannot save {path}: a .par file holds Turner energy tables, these are stacking "
                              f"scores (use .json or .npz)")
-        from layers.energy_params import save_parameter_file
+        from foldax.layers.energy_params import save_parameter_file
 
         comment = "provenance: " + json.dumps(dict(provenance), sort_keys=True) if provenance else None
         save_parameter_file(params, path, comment=comment)

@@ -33,8 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from layers.alphabet import NUM_TOKENS
-from layers.chart import View
+from foldax.layers.alphabet import NUM_TOKENS
+from foldax.layers.chart import View
 
 #: Shapes of the stacking grammar's parameters (``layers.init_params``).
 PARAM_SHAPES = {

@@ -17,7 +17,7 @@ Both functions are plain gathers and sums (O(L) per sequence), work under
 
 Invalid structures. When the pair table and lengths are concrete (the usual
 case, also inside ``jax.grad`` w.r.t. params), a table that is not a valid nested
-structure of its sequence raises :class:`layers.dotbracket.StructureError` (a
+structure of its sequence raises :class:`foldax.layers.dotbracket.StructureError` (a
 ``ValueError``) naming the sequence and position. Under ``jit`` with a traced
 table no error can be raised: the result is ``-inf`` instead (the log of the
 probability 0 the model gives it), with finite, all-zero gradients.
@@ -49,10 +49,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from layers.alphabet import NUM_TOKENS
-from layers.chart import DEFAULT_NUM_CHUNKS
-from layers.dotbracket import StructureError, validate_pair_table
-from layers.inside import (
+from foldax.layers.alphabet import NUM_TOKENS
+from foldax.layers.chart import DEFAULT_NUM_CHUNKS
+from foldax.layers.dotbracket import StructureError, validate_pair_table
+from foldax.layers.inside import (
     _batched_value,
     _check_inputs,
     _is_concrete,
@@ -167,7 +167,7 @@ def _prepare(params, tokens, pair_table, lengths, phi, min_hairpin):
     tokens, lengths, phi, batched = _check_inputs(tokens, lengths, phi, min_hairpin)
     pair_table = _check_pair_table(pair_table, tokens.shape, lengths, int(min_hairpin), batched)
     if is_energy_params(params) and all(_is_concrete(a) for a in (tokens, pair_table, lengths)):
-        from layers.free_energy import check_turner_tables
+        from foldax.layers.free_energy import check_turner_tables
 
         # On host copies: the check's gathers cannot take a batch sharded over an explicit mesh.
         check_turner_tables(params, *(np.asarray(a) for a in (tokens, pair_table, lengths)), int(min_hairpin))
@@ -176,7 +176,7 @@ def _prepare(params, tokens, pair_table, lengths, phi, min_hairpin):
 
 @functools.partial(jax.jit, static_argnames=("min_hairpin",))
 def _batched_turner_score(params, tokens, pair_table, lengths, phi, *, min_hairpin):
-    from layers.free_energy import turner_structure_score
+    from foldax.layers.free_energy import turner_structure_score
 
     return turner_structure_score(params, tokens, pair_table, lengths, phi, min_hairpin)
 
@@ -192,7 +192,7 @@ def structure_score(params, tokens, pair_table, lengths=None, *, phi=None, min_h
 
     Args:
       params, tokens, lengths, phi, min_hairpin: as for :func:`layers.log_partition`.
-      pair_table: int ``[n]`` or ``[B, L]``: partner index or -1 (see ``layers.dotbracket``);
+      pair_table: int ``[n]`` or ``[B, L]``: partner index or -1 (see ``foldax.layers.dotbracket``);
         entries at positions ``>= lengths[b]`` are ignored (pad with -1).
 
     Returns:
@@ -200,8 +200,8 @@ def structure_score(params, tokens, pair_table, lengths=None, *, phi=None, min_h
       ``jit`` (outside it, an invalid concrete table raises ``StructureError``).
 
     Example:
-      >>> import layers
-      >>> from layers.dotbracket import from_dot_bracket
+      >>> from foldax import layers
+      >>> from foldax.layers.dotbracket import from_dot_bracket
       >>> params = layers.default_params()
       >>> s = structure_score(params, layers.encode("GGGAAACCC"), from_dot_bracket("(((...)))"))
       >>> float(s)  # 3 pairs at -1, two stacks (GC on GC: 3.0) and one loop closure (-3)
@@ -219,8 +219,8 @@ def log_prob(params, tokens, pair_table, lengths=None, *, phi=None, min_hairpin=
     ``-inf`` (with zero gradients) for an invalid table under ``jit``.
 
     Example:
-      >>> import layers
-      >>> from layers.dotbracket import from_dot_bracket
+      >>> from foldax import layers
+      >>> from foldax.layers.dotbracket import from_dot_bracket
       >>> lp = log_prob(layers.default_params(), layers.encode("GGGAAACCC"), from_dot_bracket("(((...)))"))
       >>> 0.0 < float(jnp.exp(lp)) < 1.0
       True

@@ -42,10 +42,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from layers.alphabet import NUM_TOKENS
-from layers.chart import View
-from layers.energy_params import KT, MAX_LOOP, PAIR_INDEX
-from layers.stacking import lookup, shear, skew
+from foldax.layers.alphabet import NUM_TOKENS
+from foldax.layers.chart import View
+from foldax.layers.energy_params import KT, MAX_LOOP, PAIR_INDEX
+from foldax.layers.stacking import lookup, shear, skew
 
 N_TOKEN = NUM_TOKENS - 1
 #: Rows of the interior-loop window: inner pairs are 2..32 diagonals back.

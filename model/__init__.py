@@ -1,19 +1,19 @@
 """foldax models: scoring models on the inside layer, the CLL loss, decoding and metrics.
 
-* :mod:`model.models` -- :class:`StackingModel`, :class:`NeuralPhiModel`
+* :mod:`foldax.model.models` -- :class:`StackingModel`, :class:`NeuralPhiModel`
   (a neural encoder writing pair potentials ``phi``), :class:`LinenNeuralPhiModel`,
   :class:`TurnerModel` and :class:`TurnerNeuralModel` (the Turner 2004 energy tables, with a
   prior toward their initial values), :func:`create_model`.
-* :mod:`model.loss` -- :func:`cll_loss` (negative log-likelihood per nucleotide, + L2 or the
+* :mod:`foldax.model.loss` -- :func:`cll_loss` (negative log-likelihood per nucleotide, + L2 or the
   model's prior), :func:`cll_step` (one optimizer step on it).
-* :mod:`model.decoding` -- :func:`predict` (MEA / best structure) and the evaluation sums.
-* :mod:`model.metrics` -- per-sequence base-pair precision / recall / F1 (exact and +-1 slip).
+* :mod:`foldax.model.decoding` -- :func:`predict` (MEA / best structure) and the evaluation sums.
+* :mod:`foldax.model.metrics` -- per-sequence base-pair precision / recall / F1 (exact and +-1 slip).
 """
 
-from model.decoding import DECODERS, eval_sums, finalize, predict
-from model.loss import batch_nll, cll_loss, cll_step, l2_penalty
-from model.metrics import METRIC_NAMES, pair_matrix, pair_metrics
-from model.models import (
+from foldax.model.decoding import DECODERS, eval_sums, finalize, predict
+from foldax.model.loss import batch_nll, cll_loss, cll_step, l2_penalty
+from foldax.model.metrics import METRIC_NAMES, pair_matrix, pair_metrics
+from foldax.model.models import (
     LinenNeuralPhiModel,
     NeuralPhiModel,
     PairEncoder,

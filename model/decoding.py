@@ -1,16 +1,16 @@
 """Decoding a model's structures and scoring them against references (evaluation).
 
-Two decoders, both from :mod:`layers.decoding`:
+Two decoders, both from :mod:`foldax.layers.decoding`:
 
 * ``"mea"`` -- the maximum expected accuracy structure of the base-pair
-  probabilities ``P = d log Z / d phi`` (:func:`layers.decoding.pair_probs`,
-  :func:`layers.decoding.mea_structure`: maximises ``SUM_pairs 2 gamma P_ij +
+  probabilities ``P = d log Z / d phi`` (:func:`foldax.layers.decoding.pair_probs`,
+  :func:`foldax.layers.decoding.mea_structure`: maximises ``SUM_pairs 2 gamma P_ij +
   SUM_unpaired q_i``; larger ``gamma`` -> more pairs);
 * ``"best"`` -- the highest-scoring structure (max semiring traceback,
-  :func:`layers.decoding.best_structure`).
+  :func:`foldax.layers.decoding.best_structure`).
 
 :func:`eval_sums` gives the *sums* over a batch of the per-sequence metrics
-(:mod:`model.metrics`) and the log-likelihood, weighted by the row weights
+(:mod:`foldax.model.metrics`) and the log-likelihood, weighted by the row weights
 (padding rows count 0): sums from several batches (and devices/processes)
 add up, and :func:`finalize` turns them into means -- per-sequence means for the
 accuracy metrics, per-nucleotide for ``ll_per_nt``.
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from model.loss import batch_nll
-from model.metrics import METRIC_NAMES, pair_metrics
+from foldax.model.loss import batch_nll
+from foldax.model.metrics import METRIC_NAMES, pair_metrics
 
 __all__ = ["DECODERS", "predict", "eval_sums", "finalize"]
 
@@ -30,7 +30,7 @@ DECODERS = ("mea", "best")
 
 def predict(model, tokens, lengths, *, decoder: str = "mea", gamma: float = 1.0):
     """Predicted pair tables ``[B, L]`` (-1 padded) of ``model`` for a batch."""
-    from layers.decoding import best_structure, mea_structure, pair_probs  # the decoders live in the engine
+    from foldax.layers.decoding import best_structure, mea_structure, pair_probs  # the decoders live in the engine
 
     params, phi = model.scores(tokens, lengths)
     kw = dict(min_hairpin=model.inside.min_hairpin, num_chunks=model.inside.num_chunks)
@@ -49,7 +49,7 @@ def eval_sums(model, batch, *, decoders=DECODERS, gamma: float = 1.0) -> dict:
     model can produce), ``ll_tokens`` (their nucleotides), ``n_impossible`` (references with
     probability 0 under the model, e.g. a non-canonical pair for the Turner grammar: left out of
     ``ll_sum``, scored by the accuracy metrics like any other), and for each decoder
-    ``<decoder>/<metric>`` for the metrics of :mod:`model.metrics`.
+    ``<decoder>/<metric>`` for the metrics of :mod:`foldax.model.metrics`.
     """
     weights = batch["weights"].astype(jnp.float32)
     lengths = batch["lengths"]

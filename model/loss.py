@@ -16,7 +16,7 @@ global, so the loss of a global batch is the same on 1 or 8 devices.
 
 The L2 term covers every ``nnx.Param`` of the model (score tensors and, for
 the neural model, the encoder) -- except the energy tables of a model with a
-prior (:class:`model.models.TurnerModel`, ``TurnerNeuralModel``): those are
+prior (:class:`foldax.model.models.TurnerModel`, ``TurnerNeuralModel``): those are
 pulled toward their initial values by the model's own ``prior_penalty()``
 (``prior_strength * SUM (theta - theta_0)^2`` over the finite entries, in the
 same per-nucleotide units), which ``cll_loss`` adds instead::
@@ -37,8 +37,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from layers.inside import log_partition
-from layers.structure import structure_score
+from foldax.layers.inside import log_partition
+from foldax.layers.structure import structure_score
 
 __all__ = ["batch_nll", "cll_loss", "cll_step", "l2_penalty"]
 
@@ -96,7 +96,7 @@ def cll_step(model, optimizer: nnx.Optimizer, batch, l2: float = 0.0):
     """One optimizer step on :func:`cll_loss`, in place: ``(loss, aux)`` before the update.
 
     ``aux`` is :func:`cll_loss`'s plus ``grad_norm`` (the global norm of the gradient). The
-    loop of a hand-written training run (the trainer, :mod:`train.train`, adds sharding,
+    loop of a hand-written training run (the trainer, :mod:`foldax.train.train`, adds sharding,
     checkpoints and evaluation)::
 
         optimizer = nnx.Optimizer(model, optax.adam(0.05), wrt=nnx.Param)

@@ -1,7 +1,7 @@
-"""Scoring models built on :class:`layers.nnx_layer.InsideLayer`.
+"""Scoring models built on :class:`foldax.layers.nnx_layer.InsideLayer`.
 
 Every model exposes the same small interface, used by the loss, decoding and
-training code (:mod:`model.loss`, :mod:`model.decoding`, :mod:`train.train`):
+training code (:mod:`foldax.model.loss`, :mod:`foldax.model.decoding`, :mod:`foldax.train.train`):
 
 * ``model.inside`` -- its :class:`~layers.nnx_layer.InsideLayer` (the four
   score tensors; ``min_hairpin`` and ``num_chunks`` are static);
@@ -21,12 +21,12 @@ Models:
   ``B`` starts at zero, so ``phi = 0`` at initialisation and the model starts
   as the stacking model; both parts are trained jointly.
 * :class:`LinenNeuralPhiModel` -- the same network as a Linen module, with the
-  DP through :func:`layers.nnx_layer.LinenInsideLayer`.
+  DP through :func:`foldax.layers.nnx_layer.LinenInsideLayer`.
 * :class:`TurnerModel` (``"turner"``) -- the Turner 2004 energy tables (every table and the
   special hairpin energies are ``nnx.Param`` s; ``+inf`` entries are not parameters, see
   :class:`~layers.nnx_layer.InsideLayer`), initialised at Turner 2004 or at a parameter file,
   with an L2 prior toward those initial values (:meth:`TurnerModel.prior_penalty`, added to
-  the loss by :func:`model.loss.cll_loss`).
+  the loss by :func:`foldax.model.loss.cll_loss`).
 * :class:`TurnerNeuralModel` (``"turner_neural"``) -- :class:`TurnerModel` plus the
   :class:`PairEncoder` of ``neural`` writing ``phi`` (log-weight units, added to ``-E/kT``);
   ``phi = 0`` at initialisation, so it starts as the Turner model.
@@ -53,9 +53,9 @@ import numpy as np
 from flax import linen as nn
 from flax import nnx
 
-from layers.alphabet import NUM_TOKENS
-from layers.chart import DEFAULT_NUM_CHUNKS
-from layers.nnx_layer import InsideLayer, LinenInsideLayer
+from foldax.layers.alphabet import NUM_TOKENS
+from foldax.layers.chart import DEFAULT_NUM_CHUNKS
+from foldax.layers.nnx_layer import InsideLayer, LinenInsideLayer
 
 __all__ = ["StackingModel", "NeuralPhiModel", "PairEncoder", "LinenNeuralPhiModel", "TurnerModel",
            "TurnerNeuralModel", "create_model", "grammar_of", "MODEL_NAMES", "TURNER_MODELS"]
@@ -285,7 +285,7 @@ class TurnerNeuralModel(_EncoderScores, TurnerModel):
 
     Args: those of :class:`TurnerModel`, ``rngs`` (the encoder's initialisation) and the
     encoder's ``features``, ``kernel_size``, ``num_layers``, ``pair_features``. The prior covers the
-    tables; the encoder is regularised by ``optimizer.l2`` (:func:`model.loss.l2_penalty`).
+    tables; the encoder is regularised by ``optimizer.l2`` (:func:`foldax.model.loss.l2_penalty`).
     """
 
     def __init__(self, *, rngs: nnx.Rngs, features: int = 32, kernel_size: int = 9, num_layers: int = 2,
@@ -339,8 +339,8 @@ def create_model(config, rngs: nnx.Rngs):
     elif init == "default":
         params = "default"
     else:
-        from layers.inside import is_energy_params
-        from layers.params_io import load_params
+        from foldax.layers.inside import is_energy_params
+        from foldax.layers.params_io import load_params
 
         params = load_params(init)
         if is_energy_params(params):

@@ -44,7 +44,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-import layers
+from foldax import layers
 from foldax import plots
 
 print("jax", jax.__version__, "on", jax.devices()[0].platform)

@@ -16,7 +16,7 @@
 # %% [markdown]
 # # Training the score tensors
 #
-# A short run of the training loop (`train.train.train_and_evaluate(config, workdir)`)
+# A short run of the training loop (`foldax.train.train.train_and_evaluate(config, workdir)`)
 # on the smoke-test config `configs/tiny.py`: the stacking model (656 scores, random
 # init) trained with the conditional log-likelihood loss
 # $-\log p(s \mid x) = \log Z(x) - \mathrm{score}(x, s)$ per nucleotide, on 128
@@ -27,7 +27,7 @@
 # The same run from the command line:
 #
 # ```bash
-# python -m train.main train --config configs/tiny.py --workdir /tmp/foldax-tiny
+# python -m foldax.train.main train --config configs/tiny.py --workdir /tmp/foldax-tiny
 # ```
 #
 # Takes about 30-40 s on a 2-core CPU (30 steps; most of it is XLA compilation).
@@ -51,12 +51,12 @@ import jax
 import numpy as np
 from flax import nnx
 
-import layers
-from configs import tiny
-from data.archiveii import default_path as archiveii_path
+from foldax import layers
+from foldax.configs import tiny
+from foldax.data.archiveii import default_path as archiveii_path
 from foldax import plots
-from model.models import create_model
-from train import train as trainer
+from foldax.model.models import create_model
+from foldax.train import train as trainer
 
 # %% [markdown]
 # ## The config
@@ -82,7 +82,7 @@ print("data:", config.data.source, "| model:", config.model.name, "| steps:", co
 # %% [markdown]
 # ## Before training
 #
-# The model the trainer builds: `model.models.create_model(config.model, nnx.Rngs(params=seed))`
+# The model the trainer builds: `foldax.model.models.create_model(config.model, nnx.Rngs(params=seed))`
 # -- its score tensors are random, `N(0, 0.1^2)`. We keep a copy to compare with later.
 
 # %%

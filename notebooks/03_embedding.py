@@ -23,7 +23,7 @@
 # (`flax.nnx.bridge.to_linen`). The same layer holds the Turner 2004 energy tables
 # instead with `layers.InsideLayer(params="turner2004")` (every table an `nnx.Param`,
 # kcal/mol; `phi` then adds to the log-weight $-E/kT$), which is what
-# `model.models.TurnerModel` and `configs/turner.py` train; here we stay with the
+# `foldax.model.models.TurnerModel` and `configs/turner.py` train; here we stay with the
 # stacking scores, whose DP compiles in seconds.
 #
 # We build a small "sequence -> phi -> inside" model three ways and train each for a
@@ -32,7 +32,7 @@
 #
 # 1. a hand-written NNX model with `InsideLayer`,
 # 2. the same in Linen with `LinenInsideLayer`,
-# 3. the library's ready-made `model.models.NeuralPhiModel` with `model.loss.cll_loss`
+# 3. the library's ready-made `foldax.model.models.NeuralPhiModel` with `foldax.model.loss.cll_loss`
 #    (what `train/` trains with `configs/neural.py`).
 #
 # Data: random sequences whose structures are sampled exactly from a known "teacher"
@@ -57,7 +57,7 @@ from flax import nnx
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-import layers
+from foldax import layers
 
 STEPS = 25
 MIN_HAIRPIN = 3
@@ -178,13 +178,13 @@ print(f"Linen : NLL/nt {linen_losses[0]:.3f} -> {linen_losses[-1]:.3f}")
 #
 # `model/` packages this pattern: `NeuralPhiModel` (embedding, residual convolutions
 # masked to each sequence's length, bilinear pair head starting at `phi = 0`) exposes
-# `scores(tokens, lengths) -> (params, phi)`, and `model.loss.cll_loss(model, batch)`
+# `scores(tokens, lengths) -> (params, phi)`, and `foldax.model.loss.cll_loss(model, batch)`
 # is the per-nucleotide CLL loss the trainer uses (with `weights` for padding rows);
-# `model.loss.cll_step(model, optimizer, batch)` is one jitted optimizer step on it.
+# `foldax.model.loss.cll_step(model, optimizer, batch)` is one jitted optimizer step on it.
 
 # %%
-from model.loss import cll_step
-from model.models import NeuralPhiModel
+from foldax.model.loss import cll_step
+from foldax.model.models import NeuralPhiModel
 
 neural = NeuralPhiModel(rngs=nnx.Rngs(0), features=16, kernel_size=5, num_layers=1, pair_features=16,
                         min_hairpin=MIN_HAIRPIN, num_chunks=NUM_CHUNKS)

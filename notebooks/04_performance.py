@@ -56,8 +56,8 @@ from jax import lax
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-import layers
-import layers.chart
+from foldax import layers
+import foldax.layers.chart  # noqa: F401 (layers.chart below)
 from benchmarks.naive_scan import naive_log_partition
 
 print("jax", jax.__version__, "on", jax.devices()[0].device_kind, f"({os.cpu_count()} CPUs)")
@@ -226,7 +226,7 @@ else:
 # `Zr[b, L-w, j] = Z[j-w][j]`. Then all split terms of diagonal d are the sum of two
 # rectangular slices, `F[:, 0:d, 0:n-d]` and `Zr[:, L-d+1 : L+1, d : n]`, reduced over
 # the width axis -- no gathers, no scatters, and the finished diagonal is one
-# contiguous row. Check it on a filled chart (`layers.inside.inside_charts`):
+# contiguous row. Check it on a filled chart (`foldax.layers.inside.inside_charts`):
 
 # %%
 demo = layers.encode_batch(["GGGGAAACCCCAGUCAGGAAACUG"], buckets=None)[0]
@@ -244,7 +244,7 @@ for d in (5, 12, 20):
 #
 # Slices need static shapes, but diagonal d needs a `d x (n-d)` block. foldax splits
 # the diagonals into a few chunks `[d0, d1)` (chosen by a small DP,
-# `layers.chart.diagonal_chunks`); a chunk uses `(d1-1) x (n-d0)` blocks, so its work
+# `foldax.layers.chart.diagonal_chunks`); a chunk uses `(d1-1) x (n-d0)` blocks, so its work
 # follows the triangle instead of the naive `n x n` per diagonal. Uncomputed cells hold
 # -inf / 0, so padding never contributes. Each chunk is one more `fori_loop` to
 # compile: more chunks, less padding, longer compiles.

@@ -6,7 +6,7 @@ Run once, with the `viennarna` Python package installed (a test extra):
     .venv/bin/python scripts/convert_vienna_params.py --check    # compares it with a fresh conversion
 
 ViennaRNA writes its current parameter set with ``RNA.params_save`` (the ``.par`` format); this
-script parses that file with foldax's own reader (``layers.energy_params``), starting from an
+script parses that file with foldax's own reader (``foldax.layers.energy_params``), starting from an
 all-NaN table so that any entry the file leaves unset shows up, and stores the result in foldax's
 layout (tokens ACGUN, pair types CG GC GU UG AU UA) as integers in dcal/mol (ViennaRNA's unit;
 ``null`` = INF) with its provenance and citations. foldax reads it at run time without ViennaRNA.
@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from layers import energy_params as ep  # noqa: E402  (after the sys.path line)
+from foldax.layers import energy_params as ep  # noqa: E402  (after the sys.path line)
 
 OUT = pathlib.Path(__file__).resolve().parents[1] / "layers" / "data" / "rna_turner2004.json"
 

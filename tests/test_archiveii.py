@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data.archiveii import FAMILIES, NUM_STRUCTURES, examples_from_archive, load_archiveii, recommended_filter
-from data.examples import fold_split_of, load_examples, split_of
-from data.formats import format_records, load_records, parse_records
-from layers.dotbracket import from_dot_bracket, is_nested, pairs_from_table, to_dot_bracket
+from foldax.data.archiveii import FAMILIES, NUM_STRUCTURES, examples_from_archive, load_archiveii, recommended_filter
+from foldax.data.examples import fold_split_of, load_examples, split_of
+from foldax.data.formats import format_records, load_records, parse_records
+from foldax.layers.dotbracket import from_dot_bracket, is_nested, pairs_from_table, to_dot_bracket
 
 DUMMY = Path(__file__).resolve().parent / "testdata" / "archiveii" / "archiveII.tar.gz"
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "archiveii"
@@ -80,7 +80,7 @@ def test_fold_split_rule():
 
 def test_tfds_builder_on_dummy_archive(tmp_path):
     tfds = pytest.importorskip("tensorflow_datasets")
-    from data.archiveii.archiveii_dataset_builder import Builder
+    from foldax.data.archiveii.archiveii_dataset_builder import Builder
 
     expected = {"random": {"train": 6, "valid": 2, "test": 3}, "fold_tRNA": {"train": 6, "valid": 2, "test": 3}}
     by_id = {ex["id"]: ex for ex in load_archiveii(DUMMY)}
@@ -105,8 +105,8 @@ def test_tfds_builder_on_dummy_archive(tmp_path):
 
 def test_tfds_builder_without_archive_points_at_url(tmp_path, monkeypatch):
     tfds = pytest.importorskip("tensorflow_datasets")
-    from data.archiveii import URL
-    from data.archiveii.archiveii_dataset_builder import Builder
+    from foldax.data.archiveii import URL
+    from foldax.data.archiveii.archiveii_dataset_builder import Builder
 
     requested = []
     monkeypatch.setattr(tfds.download.DownloadManager, "download", lambda self, url: requested.append(url) or DUMMY)
@@ -214,7 +214,7 @@ def test_generic_loader_on_extracted_archive(tmp_path, raw_examples):
 @pytest.mark.slow
 def test_tfds_builder_on_real_archive(tmp_path):
     tfds = pytest.importorskip("tensorflow_datasets")
-    from data.archiveii.archiveii_dataset_builder import Builder
+    from foldax.data.archiveii.archiveii_dataset_builder import Builder
 
     builder = Builder(config="fold_tRNA", data_dir=str(tmp_path), file_format="array_record")
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(RAW.parent)))
@@ -241,7 +241,7 @@ def _repacked_dummy(folder: Path) -> Path:
 @pytest.fixture
 def fresh_machine(tmp_path, monkeypatch):
     """No local ArchiveII; downloads go to tmp_path/cache; the 'server' holds a repacked dummy archive."""
-    from data import archiveii
+    from foldax.data import archiveii
 
     served = tmp_path / "server"
     served.mkdir()
@@ -258,7 +258,7 @@ def fresh_machine(tmp_path, monkeypatch):
 
 def test_load_without_a_local_copy_fetches_through_the_builder_from_a_file_url(fresh_machine, tmp_path, monkeypatch):
     pytest.importorskip("tensorflow_datasets")
-    from data import archiveii
+    from foldax.data import archiveii
 
     monkeypatch.setattr(archiveii, "URL", fresh_machine.as_uri())
     examples = load_archiveii()  # nothing local: fetched, checked, kept
@@ -277,7 +277,7 @@ def test_fetch_over_http_checks_the_content(fresh_machine, tmp_path):
     import http.server
     import threading
 
-    from data import archiveii
+    from foldax.data import archiveii
 
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(fresh_machine.parent))
     handler.log_message = lambda *a: None
@@ -295,8 +295,8 @@ def test_fetch_over_http_checks_the_content(fresh_machine, tmp_path):
 
 
 def test_offline_says_so_and_keeps_nothing(fresh_machine, tmp_path, monkeypatch, capsys):
-    from data import archiveii
-    from data.archiveii.__main__ import main as fetch_main
+    from foldax.data import archiveii
+    from foldax.data.archiveii.__main__ import main as fetch_main
 
     with socket.socket() as probe:  # a port nobody listens on: connection refused, like a machine offline
         probe.bind(("127.0.0.1", 0))

@@ -12,10 +12,10 @@ import jax
 import numpy as np
 import pytest
 
-import layers
-from data.formats import parse_records
+from foldax import layers
+from foldax.data.formats import parse_records
 from foldax.cli import main
-from layers.dotbracket import from_dot_bracket, to_dot_bracket, validate_pair_table
+from foldax.layers.dotbracket import from_dot_bracket, to_dot_bracket, validate_pair_table
 
 # Three short records (all in the 32 bucket: one batched call of 4 per function).
 RECORDS = {
@@ -236,16 +236,16 @@ def test_usage_errors(capsys, fasta):
 
 def test_training_subcommands_are_forwarded(capsys, monkeypatch):
     calls = []
-    fake = types.ModuleType("train.main")
+    fake = types.ModuleType("foldax.train.main")
     fake.main = lambda argv: calls.append(argv) or 0
-    monkeypatch.setitem(sys.modules, "train.main", fake)
+    monkeypatch.setitem(sys.modules, "foldax.train.main", fake)
     for command in ("train", "eval", "export-params"):
         assert main([command, "--workdir", "w", "--flag"]) == 0
     assert calls == [[c, "--workdir", "w", "--flag"] for c in ("train", "eval", "export-params")]
 
 
 def test_read_inputs_references_and_structured_files(tmp_path):
-    from data.formats import RnaRecord, write_records
+    from foldax.data.formats import RnaRecord, write_records
     from foldax.fold import InputError, read_inputs
 
     dbn = tmp_path / "pk.dbn"  # pseudoknot letters, a score after the structure, a headerless record
@@ -371,8 +371,8 @@ def saved_workdir(path, checkpoints, *, name="stacking", min_hairpin=3, perturb=
     encoder, so that its phi is far from 0. Returns the models saved, by step."""
     from flax import nnx
 
-    from train import train as trainer
-    from train.main import load_config_file
+    from foldax.train import train as trainer
+    from foldax.train.main import load_config_file
 
     config = load_config_file(str(Path(__file__).resolve().parents[1] / "configs" / "tiny.py"))
     config.model.name, config.model.min_hairpin = name, min_hairpin
@@ -435,8 +435,8 @@ def test_params_workdir_uses_the_best_checkpoint_not_a_stale_npz(capsys, caplog,
 
 
 def test_params_neural_workdir_folds_with_its_phi_network(capsys, tmp_path):
-    from layers.decoding import best_structure
-    from layers.structure import structure_score
+    from foldax.layers.decoding import best_structure
+    from foldax.layers.structure import structure_score
 
     params = {k: np.asarray(v) for k, v in layers.default_params().items()}
     workdir = tmp_path / "neural"

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from train import compare
-from train import train as trainer
+from foldax.train import compare
+from foldax.train import train as trainer
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_no_checkpoint_is_a_clear_error(run, tmp_path, capsys):
 
 def test_fold_with_a_training_workdir_prints_only_structures(run, capsys):
     """`foldax fold --params WORKDIR` exports the best checkpoint's scores and keeps stdout clean."""
-    import layers
+    from foldax import layers
     from foldax.cli import main as foldax_main
 
     workdir, _ = run
@@ -118,7 +118,7 @@ def _mcc_by_counting(pred, true, n):
 def test_mcc_equals_counting_every_candidate_pair():
     from test_train import random_table
 
-    from model.metrics import METRIC_NAMES, pair_metrics
+    from foldax.model.metrics import METRIC_NAMES, pair_metrics
 
     assert METRIC_NAMES[:6] == ("precision", "recall", "f1", "precision_slip", "recall_slip", "f1_slip")
     rng = np.random.default_rng(3)
@@ -143,7 +143,7 @@ def test_mcc_equals_counting_every_candidate_pair():
 def test_mcc_of_a_long_sequence_is_near_sqrt_precision_recall():
     from test_train import random_table
 
-    from model.metrics import pair_metrics
+    from foldax.model.metrics import pair_metrics
 
     rng = np.random.default_rng(0)
     n = 3000
@@ -200,7 +200,7 @@ def test_overlong_sequences_are_counted(run):
 
 def test_test_subset_is_the_one_training_evaluates(run):
     """With data.max_test_examples, compare scores the same subset as the run's own test evaluation."""
-    from train.datasets import load_splits
+    from foldax.train.datasets import load_splits
 
     workdir, _ = run
     config = trainer.load_config(workdir)

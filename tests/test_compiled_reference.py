@@ -13,9 +13,9 @@ the CPU's vector ISA, the shapes and the number of devices, so the checks run
   meshes) and the training and evaluation steps get one row per device.
 
 The references share no code with the engine: a plain loop over the pairs
-(:func:`layers.reference.structure_score_reference`), the grammar's recursion in float64
+(:func:`foldax.layers.reference.structure_score_reference`), the grammar's recursion in float64
 NumPy (:func:`reference_log_z`, checked here against the cell-by-cell loops of
-:func:`layers.reference.reference_log_partition`) and the brute force over all structures.
+:func:`foldax.layers.reference.reference_log_partition`) and the brute force over all structures.
 Only public functions are called (``layers.*``, ``model.*``, ``train.*``).
 
 The default run checks a few representative cases (``FAST``: all of them in the
@@ -51,9 +51,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script (the worker subprocess)
     sys.path.insert(0, str(ROOT))
 
-import layers  # noqa: E402
-from layers.dotbracket import pairs_from_table, validate_pair_table  # noqa: E402
-from layers.reference import (  # noqa: E402
+from foldax import layers  # noqa: E402
+from foldax.layers.dotbracket import pairs_from_table, validate_pair_table  # noqa: E402
+from foldax.layers.reference import (  # noqa: E402
     brute_force_pair_probs,
     random_params,
     reference_log_partition,
@@ -104,7 +104,7 @@ def reference_log_z(params, tokens, *, phi=None, min_hairpin=3, semiring="log"):
 
 
 def reference_score(params, tokens, table, phi=None):
-    """score(s) by the plain loop over pairs of :mod:`layers.reference` (float64)."""
+    """score(s) by the plain loop over pairs of :mod:`foldax.layers.reference` (float64)."""
     return structure_score_reference(params, np.asarray(tokens), pairs_from_table(np.asarray(table)), phi=phi)
 
 
@@ -365,7 +365,7 @@ def check_scores(case):
 def _make_model(case, inputs):
     from flax import nnx
 
-    from model import NeuralPhiModel, StackingModel
+    from foldax.model import NeuralPhiModel, StackingModel
 
     common = dict(params=inputs.params, min_hairpin=case.min_hairpin, num_chunks=None)
     if case.model == "stacking":
@@ -386,8 +386,8 @@ def check_steps(case):
     """
     from flax import nnx
 
-    from configs import default
-    from train.train import create_optimizer, make_eval_step, make_mesh, make_train_step, replicate, to_global_batch
+    from foldax.configs import default
+    from foldax.train.train import create_optimizer, make_eval_step, make_mesh, make_train_step, replicate, to_global_batch
 
     inputs = make_inputs(case)
     model = _make_model(case, inputs)

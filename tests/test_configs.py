@@ -5,7 +5,7 @@ from pathlib import Path
 import ml_collections
 import pytest
 
-from train.main import _split_overrides, apply_overrides, load_config_file
+from foldax.train.main import _split_overrides, apply_overrides, load_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.py") if p.name != "__init__.py")
@@ -64,7 +64,7 @@ def test_config_file_with_argument(tmp_path):
 
 def test_config_names_resolve_from_any_directory(tmp_path, monkeypatch):
     """`--config tiny` and `--config configs/tiny.py` find the shipped configs outside the repository root."""
-    from train.main import resolve_config_file, shipped_configs
+    from foldax.train.main import resolve_config_file, shipped_configs
 
     monkeypatch.chdir(tmp_path)
     assert {"default", "tiny", "synthetic", "neural"} <= set(shipped_configs())

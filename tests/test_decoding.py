@@ -15,17 +15,17 @@ import pytest
 from jax.flatten_util import ravel_pytree
 from jax.scipy.special import gammaincc
 
-import layers
-from layers.decoding import best_structure, mea_structure, pair_probs, sample_structures
-from layers.dotbracket import pairs_from_table, table_from_pairs, validate_pair_table
-from layers.reference import (
+from foldax import layers
+from foldax.layers.decoding import best_structure, mea_structure, pair_probs, sample_structures
+from foldax.layers.dotbracket import pairs_from_table, table_from_pairs, validate_pair_table
+from foldax.layers.reference import (
     brute_force_log_partition,
     brute_force_pair_probs,
     enumerate_structures,
     random_params,
     structure_score_reference,
 )
-from layers.structure import log_prob, structure_score
+from foldax.layers.structure import log_prob, structure_score
 
 L = 12
 NC = 3  # num_chunks for the brute-force matrix: several chunks even at L = 12

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
 
-import layers
-from layers.reference import brute_force_pair_probs, random_params
+from foldax import layers
+from foldax.layers.reference import brute_force_pair_probs, random_params
 
 EPS = 1e-6
 

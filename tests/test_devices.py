@@ -1,4 +1,4 @@
-"""One device per core (``layers.devices``): a batch split over 2 CPU devices gives the results of 1.
+"""One device per core (``foldax.layers.devices``): a batch split over 2 CPU devices gives the results of 1.
 
 The device count is fixed when JAX starts, so the runs happen in subprocesses with
 ``JAX_NUM_CPU_DEVICES``; this file doubles as the script they run
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from layers import devices
+from foldax.layers import devices
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +31,7 @@ def results(out: str, which: str) -> None:
     import jax
     import jax.numpy as jnp
 
-    import layers
+    from foldax import layers
 
     rng = np.random.default_rng(0)
     if which == "turner":
@@ -136,8 +136,9 @@ def test_turner_batch_split_over_two_devices_equals_one_device(tmp_path):
 USE_ALL_CORES = textwrap.dedent(
     """
     import os, sys
-    import jax, layers
-    from layers import devices
+    import jax
+    from foldax import layers
+    from foldax.layers import devices
     assert not devices.cpu_devices_chosen()
     n = layers.use_all_cores(%s)
     assert jax.device_count() == n, (jax.device_count(), n)
@@ -157,7 +158,7 @@ USE_ALL_CORES = textwrap.dedent(
 SETUP_JAX = textwrap.dedent(
     """
     import jax, ml_collections
-    from train import train as trainer
+    from foldax.train import train as trainer
     trainer.setup_jax(ml_collections.ConfigDict({"batch_size": 4, "eval_batch_size": 6}))
     print(jax.device_count())
     """

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from layers.dotbracket import (
+from foldax.layers.dotbracket import (
     BRACKETS,
     StructureError,
     count_short_hairpins,

@@ -25,11 +25,11 @@ from vienna_helpers import (
     vienna_rna_sequence,
 )
 
-from layers.alphabet import encode
-from layers.dotbracket import from_dot_bracket
-from layers.energy import _extrapolation, loop_energy
-from layers.energy_params import CLIPPED_TABLES, MAX_LOOP, SCALAR_NAMES, TABLE_SHAPES, load_parameter_file, turner2004
-from layers.energy_reference import as_pair_table, numpy_params, reference_free_energy, reference_loop_energies
+from foldax.layers.alphabet import encode
+from foldax.layers.dotbracket import from_dot_bracket
+from foldax.layers.energy import _extrapolation, loop_energy
+from foldax.layers.energy_params import CLIPPED_TABLES, MAX_LOOP, SCALAR_NAMES, TABLE_SHAPES, load_parameter_file, turner2004
+from foldax.layers.energy_reference import as_pair_table, numpy_params, reference_free_energy, reference_loop_energies
 
 jax.config.update("jax_enable_x64", True)
 

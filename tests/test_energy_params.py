@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from layers import energy_params as ep
-from layers.energy_params import (
+from foldax.layers import energy_params as ep
+from foldax.layers.energy_params import (
     CLIPPED_TABLES,
     KT,
     PAIR_INDEX,

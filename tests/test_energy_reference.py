@@ -22,10 +22,10 @@ import jax
 import numpy as np
 import pytest
 
-from layers.alphabet import encode
-from layers.dotbracket import StructureError, from_dot_bracket
-from layers.energy_params import KT, PAIR_INDEX, load_parameter_file, save_parameter_file, turner2004
-from layers.energy_reference import (
+from foldax.layers.alphabet import encode
+from foldax.layers.dotbracket import StructureError, from_dot_bracket
+from foldax.layers.energy_params import KT, PAIR_INDEX, load_parameter_file, save_parameter_file, turner2004
+from foldax.layers.energy_reference import (
     brute_force_ensemble_free_energy,
     enumerate_turner_structures,
     numpy_params,

@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data.examples import split_of
-from layers.dotbracket import from_dot_bracket
-from train import familyfold as ff
-from train import train as trainer
-from train.main import load_config_file
+from foldax.data.examples import split_of
+from foldax.layers.dotbracket import from_dot_bracket
+from foldax.train import familyfold as ff
+from foldax.train import train as trainer
+from foldax.train.main import load_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = {"A": "U", "U": "AG", "G": "CU", "C": "G"}
@@ -147,7 +147,7 @@ def test_extra_buckets_and_family_config():
 
 def test_held_out_family_never_in_training_or_validation(run, tsv):
     workdir, result, calls = run
-    from train.datasets import load_splits
+    from foldax.train.datasets import load_splits
 
     assert [fold for fold, _ in calls] == ["tRNA", "5s"]
     for family in ("tRNA", "5s"):
@@ -222,7 +222,7 @@ def test_rnafold_results_are_cached(run, monkeypatch):
     assert result["families"]["tRNA"]["rnafold_cache"] == {"hits": 0, "misses": 5}
     # evaluating again folds nothing: every structure comes from the cache, and they are RNAfold's
     monkeypatch.setattr(RNA, "fold", lambda seq: pytest.fail("RNAfold called despite the cache"))
-    from train.compare import RnafoldCache, compare
+    from foldax.train.compare import RnafoldCache, compare
 
     cache = RnafoldCache(str(cache_path), RNA)
     for seq in sequences:
@@ -235,7 +235,7 @@ def test_rnafold_results_are_cached(run, monkeypatch):
 
 
 def _evaluated_sequences(workdir, family):
-    from train.datasets import load_splits
+    from foldax.train.datasets import load_splits
 
     return [ex["sequence"] for ex in load_splits(trainer.load_config(os.path.join(workdir, family)).data,
                                                   min_hairpin=3, seed=0)["test"]]

@@ -1,6 +1,6 @@
 """Fault injection: training on configs/tiny.py survives what a shared machine does to it.
 
-Each fault is injected into real ``python -m train.main`` processes (30 steps, a checkpoint every 10, three
+Each fault is injected into real ``python -m foldax.train.main`` processes (30 steps, a checkpoint every 10, three
 kept) and, for each, the test checks that nothing checkpointed is lost and that the run then finishes with
 final parameters bit-identical to an uninterrupted run:
 
@@ -68,7 +68,7 @@ def _train_args(files, workdir, *extra) -> list[str]:
 
 
 def _command(files, workdir, *extra) -> list[str]:
-    return [sys.executable, "-m", "train.main", *_train_args(files, workdir, *extra)]
+    return [sys.executable, "-m", "foldax.train.main", *_train_args(files, workdir, *extra)]
 
 
 def _env_with(**extra) -> dict:
@@ -87,7 +87,7 @@ def _summary(workdir) -> dict:
 
 def _export(workdir, out) -> dict:
     """The latest checkpoint's score tensors (in-process: restoring is exact, whatever the process)."""
-    from train import train as trainer
+    from foldax.train import train as trainer
 
     path = trainer.export_params(str(workdir), str(out), which="latest")
     with np.load(path) as f:
@@ -101,13 +101,13 @@ def _assert_same_params(a: dict, b: dict) -> None:
 
 
 def _steps(workdir) -> list[int]:
-    from train.checkpointing import step_dirs
+    from foldax.train.checkpointing import step_dirs
 
     return sorted(step_dirs(str(Path(workdir) / "checkpoints")))
 
 
 def _all_verify(workdir) -> bool:
-    from train.checkpointing import scan
+    from foldax.train.checkpointing import scan
 
     return all(c.ok and c.verified for c in scan(str(Path(workdir) / "checkpoints")))
 
@@ -203,7 +203,7 @@ def _drop_commit_marker(step_dir: Path) -> str:
 @pytest.mark.parametrize("damage", [_truncate, _delete, _corrupt, _drop_commit_marker],
                          ids=["truncated", "deleted", "corrupted", "no-commit-marker"])
 def test_damaged_latest_checkpoint(files, baseline, tmp_path, damage, caplog):
-    from train import main as train_main
+    from foldax.train import main as train_main
 
     workdir = _copy(baseline, tmp_path)
     what = damage(workdir / "checkpoints" / "30")
@@ -229,7 +229,7 @@ def test_damaged_latest_checkpoint(files, baseline, tmp_path, damage, caplog):
 
 @pytest.mark.slow
 def test_no_checkpoint_restores(files, baseline, tmp_path, capsys):
-    from train import main as train_main
+    from foldax.train import main as train_main
 
     workdir = _copy(baseline, tmp_path)
     _truncate(workdir / "checkpoints" / "30")
@@ -286,7 +286,7 @@ def test_disk_fills_during_save_tmpfs(files, baseline, tmp_path):
         mount -o remount,size=64m {workdir}/checkpoints || exit 91
         {cmd} > {tmp_path}/again.out 2> {tmp_path}/again.err
         echo $? > {tmp_path}/again.rc
-        {sys.executable} -m train.main export-params --workdir {workdir} --checkpoint latest --out {tmp_path}/p.npz
+        {sys.executable} -m foldax.train.main export-params --workdir {workdir} --checkpoint latest --out {tmp_path}/p.npz
         """)
     proc = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script],
                           env=_env(1), cwd=ROOT, capture_output=True, text=True, timeout=1200)
@@ -308,10 +308,10 @@ def test_disk_fills_during_save_tmpfs(files, baseline, tmp_path):
 
 
 def _disk_full_at(step: int, argv: list[str]) -> int:
-    """``train.main`` with Orbax's file writer failing (ENOSPC) for every file of step ``step``'s save."""
+    """``foldax.train.main`` with Orbax's file writer failing (ENOSPC) for every file of step ``step``'s save."""
     from orbax.checkpoint._src.path import async_path
 
-    from train import main as train_main
+    from foldax.train import main as train_main
 
     real = async_path.write_text
 
@@ -438,7 +438,7 @@ FUZZ_CLI = 400  # of them (those with a bad record) through `foldax fold -i`
 
 def _seeds() -> dict[str, str]:
     """Valid files, one or more per format: the shipped examples and bigger generated ones."""
-    from data.formats import RnaRecord, format_records
+    from foldax.data.formats import RnaRecord, format_records
 
     folder = ROOT / "tests" / "testdata" / "formats"
     seeds = {p.suffix: p.read_text() for p in folder.iterdir()}
@@ -518,7 +518,7 @@ def _known_bug(err: BaseException) -> tuple[str, str] | None:
 def test_fuzzed_files_are_read_or_rejected_cleanly(tmp_path):
     """Every malformed file is either read into consistent records or rejected with a FormatError that
     names the file and a line -- no other exception, in strict and lenient mode."""
-    from data.formats import FormatError, LoadReport, read_records
+    from foldax.data.formats import FormatError, LoadReport, read_records
 
     outcomes = {"read": 0, "rejected": 0, "known bug": 0}
     for path in _fuzzed_files(tmp_path, FUZZ_FILES):
@@ -574,8 +574,8 @@ def test_fuzzed_files_on_the_command_line(tmp_path, capsys):
 
 def test_fuzzed_training_data_on_the_command_line(tmp_path, capsys):
     """``foldax train`` with a malformed training file: exit status 1 and one line naming file and line."""
-    from data.formats import FormatError, read_records
-    from train import main as train_main
+    from foldax.data.formats import FormatError, read_records
+    from foldax.train import main as train_main
 
     tried = 0
     for path in _fuzzed_files(tmp_path, 400, seed=2):
@@ -602,7 +602,7 @@ def test_fuzzed_training_data_on_the_command_line(tmp_path, capsys):
 
 
 def test_known_bug_huge_partner_number(tmp_path):
-    from data.formats import FormatError, read_records
+    from foldax.data.formats import FormatError, read_records
 
     path = tmp_path / "x.bpseq"
     path.write_text("1 G 3\n2 A 99999999999999999999\n3 C 1\n")
@@ -611,7 +611,7 @@ def test_known_bug_huge_partner_number(tmp_path):
 
 
 def test_known_bug_ct_double_minus(tmp_path):
-    from data.formats import FormatError, read_records
+    from foldax.data.formats import FormatError, read_records
 
     path = tmp_path / "x.ct"
     path.write_text("3 hp\n1 G 0 2 3 1\n2 A 1 3 --0 2\n3 C 2 0 1 3\n")

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data.formats import (
+from foldax.data.formats import (
     FORMATS,
     FormatError,
     LoadReport,
@@ -18,7 +18,7 @@ from data.formats import (
     resolve_paths,
     write_records,
 )
-from layers.dotbracket import from_dot_bracket, is_nested
+from foldax.layers.dotbracket import from_dot_bracket, is_nested
 
 TESTDATA = Path(__file__).resolve().parent / "testdata" / "formats"
 STRUCTURED = ("dbn", "ct", "tsv")  # formats holding several structures per file

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import layers
-from data.formats import RnaRecord
-from layers.alphabet import PAD_TOKEN, encode
-from layers.dotbracket import is_nested, table_from_pairs
-from train.input_pipeline import InputPipeline, PipelineConfig, padding_stats, suggest_buckets
+from foldax import layers
+from foldax.data.formats import RnaRecord
+from foldax.layers.alphabet import PAD_TOKEN, encode
+from foldax.layers.dotbracket import is_nested, table_from_pairs
+from foldax.train.input_pipeline import InputPipeline, PipelineConfig, padding_stats, suggest_buckets
 
 SHARED_TSV = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "archiveii" / "archiveii.tsv"
 BUCKETS = (16, 32, 64, 128)
@@ -254,7 +254,7 @@ def test_suggest_buckets_is_optimal():
 @pytest.mark.skipif(not SHARED_TSV.exists(), reason="shared ArchiveII TSV absent")
 @pytest.mark.slow
 def test_archiveii_padding_waste_at_batch_32():
-    from data.archiveii import load_archiveii
+    from foldax.data.archiveii import load_archiveii
 
     examples = load_archiveii(SHARED_TSV)
     for drop_remainder in (False, True):
@@ -269,7 +269,7 @@ def test_archiveii_padding_waste_at_batch_32():
 def test_random_sequences():
     import jax
 
-    from data.synthetic import random_sequences
+    from foldax.data.synthetic import random_sequences
 
     seqs = random_sequences(jax.random.key(0), [200, 5], base_probs=[0.7, 0.1, 0.1, 0.1])
     assert [len(s) for s in seqs] == [200, 5] and set("".join(seqs)) <= set("ACGU")
@@ -282,7 +282,7 @@ def test_random_sequences():
 def test_synthetic_records_through_pipeline():
     import jax
 
-    from data.synthetic import synthetic_records
+    from foldax.data.synthetic import synthetic_records
 
     records = synthetic_records(jax.random.key(1), layers.default_params(), 6, [20, 30, 40, 20, 30, 40],
                                 samples_per_sequence=2)
@@ -295,7 +295,7 @@ def test_synthetic_records_with_stand_in_sampler(monkeypatch):
     """Checks data.synthetic's own logic against a stand-in for the engine's sampler."""
     import jax
 
-    from data.synthetic import synthetic_records
+    from foldax.data.synthetic import synthetic_records
 
     calls = []
 

@@ -5,9 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import layers
-from layers.chart import diagonal_chunks
-from layers.reference import brute_force_log_partition, random_params, reference_log_partition
+from foldax import layers
+from foldax.layers.chart import diagonal_chunks
+from foldax.layers.reference import brute_force_log_partition, random_params, reference_log_partition
 
 SEMIRINGS = {"log": layers.log_partition, "max": layers.max_score}
 

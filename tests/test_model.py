@@ -7,9 +7,9 @@ import optax
 import pytest
 from flax import nnx
 
-import layers
-from layers.dotbracket import from_dot_bracket
-from model import (
+from foldax import layers
+from foldax.layers.dotbracket import from_dot_bracket
+from foldax.model import (
     LinenNeuralPhiModel,
     NeuralPhiModel,
     StackingModel,
@@ -254,8 +254,8 @@ def test_create_model(name, tmp_path):
 
 
 def test_predict_and_eval_sums():
-    from layers.decoding import best_structure, mea_structure, pair_probs
-    from model import predict
+    from foldax.layers.decoding import best_structure, mea_structure, pair_probs
+    from foldax.model import predict
 
     model = StackingModel(params="default", num_chunks=CHUNKS)
     batch = make_batch(width=24, extra_rows=1)

@@ -7,8 +7,8 @@ import pytest
 from flax import linen as nn
 from flax import nnx
 
-import layers
-from layers.nnx_layer import InsideLayer, LinenInsideLayer
+from foldax import layers
+from foldax.layers.nnx_layer import InsideLayer, LinenInsideLayer
 
 CHUNKS = 4  # fast compiles; results do not depend on it
 

@@ -10,7 +10,7 @@ import pytest
 
 from foldax import plots
 from foldax.cli import main
-from layers.dotbracket import from_dot_bracket
+from foldax.layers.dotbracket import from_dot_bracket
 
 SEQ = "GGGGAAACCCCAUAGGGAAACCCU"
 STRUCTURE = "((((...))))..(((...))).."
@@ -229,7 +229,7 @@ def test_plot_command(tmp_path, capsys):
 
 
 def test_workdir_like_train_main(tmp_path, capsys):
-    """train.train.MetricWriter's layout: tensorboardX events and metrics.jsonl (same scalars) in the workdir."""
+    """foldax.train.train.MetricWriter's layout: tensorboardX events and metrics.jsonl (same scalars) in the workdir."""
     tensorboardX = pytest.importorskip("tensorboardX")
     rows = []
     with tensorboardX.SummaryWriter(logdir=str(tmp_path)) as writer:

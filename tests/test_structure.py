@@ -5,10 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import layers
-from layers.dotbracket import StructureError, from_dot_bracket, pairs_from_table, table_from_pairs, validate_pair_table
-from layers.reference import enumerate_structures, random_params, reference_log_partition, structure_score_reference
-from layers.structure import log_prob, structure_score
+from foldax import layers
+from foldax.layers.dotbracket import StructureError, from_dot_bracket, pairs_from_table, table_from_pairs, validate_pair_table
+from foldax.layers.reference import enumerate_structures, random_params, reference_log_partition, structure_score_reference
+from foldax.layers.structure import log_prob, structure_score
 
 
 @pytest.fixture(autouse=True)

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import layers
-from data.formats import RnaRecord, write_records
-from train import main as train_main
-from train import train as trainer
-from train.input_pipeline import InputPipeline, PipelineConfig
-from train.main import load_config_file
+from foldax import layers
+from foldax.data.formats import RnaRecord, write_records
+from foldax.train import main as train_main
+from foldax.train import train as trainer
+from foldax.train.input_pipeline import InputPipeline, PipelineConfig
+from foldax.train.main import load_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -147,7 +147,7 @@ def test_batch_size_must_divide_devices(monkeypatch):
 
 
 def _pipeline(dataset, config):
-    from data.examples import load_examples
+    from foldax.data.examples import load_examples
 
     examples, _ = load_examples(dataset["train"])
     return InputPipeline(examples, PipelineConfig(batch_size=8, buckets=(64,), seed=1, shard_index=0,
@@ -339,7 +339,7 @@ def test_safe_config_changes_are_allowed_and_recorded(trained, tmp_path):
 
 
 def test_pipeline_mismatch_says_what_changed(dataset):
-    from data.examples import load_examples
+    from foldax.data.examples import load_examples
 
     examples, _ = load_examples(dataset["train"])
     config = PipelineConfig(batch_size=8, buckets=(64,), seed=1, shard_index=0, shard_count=1)
@@ -358,7 +358,7 @@ def test_pipeline_mismatch_says_what_changed(dataset):
 
 
 def test_second_trainer_refused_and_stale_lock_ignored(dataset, tmp_path, capsys):
-    from train.checkpointing import WorkdirLock
+    from foldax.train.checkpointing import WorkdirLock
 
     workdir = tmp_path / "run"
     args = ["train", "--config", str(ROOT / "configs" / "tiny.py"), "--workdir", str(workdir)]
@@ -410,7 +410,7 @@ def _fake_step(folder, step):
 
 
 def test_manifests_catch_every_kind_of_damage(tmp_path):
-    from train import checkpointing as ck
+    from foldax.train import checkpointing as ck
 
     ckpts = tmp_path / "checkpoints"
     steps = {s: _fake_step(ckpts, s) for s in (10, 20, 30, 40, 50, 60)}
@@ -450,7 +450,7 @@ def test_manifests_catch_every_kind_of_damage(tmp_path):
 
 
 def test_config_changes_compare_paths_as_absolute(tmp_path, monkeypatch):
-    from train.checkpointing import config_changes
+    from foldax.train.checkpointing import config_changes
 
     monkeypatch.chdir(tmp_path)
     old = {"data": {"train_files": str(tmp_path / "a.dbn") + "," + str(tmp_path / "b.dbn")}, "batch_size": 8}
@@ -462,7 +462,7 @@ def test_eval_while_training_skips_the_step_being_sealed(trained, tmp_path, capl
     """The newest step without a manifest is damaged -- unless a live trainer is about to seal it."""
     import logging
 
-    from train.checkpointing import MANIFEST, WorkdirLock
+    from foldax.train.checkpointing import MANIFEST, WorkdirLock
 
     workdir = _copy_run(trained, tmp_path)
     shutil.copytree(workdir / "checkpoints" / "10", workdir / "checkpoints" / "20")

@@ -40,10 +40,10 @@ def one_step(data_dir: str, out: str) -> None:
     import jax
     from flax import nnx
 
-    from data.examples import load_examples
+    from foldax.data.examples import load_examples
     from test_train import small_config
-    from train import train as trainer
-    from train.input_pipeline import InputPipeline, PipelineConfig
+    from foldax.train import train as trainer
+    from foldax.train.input_pipeline import InputPipeline, PipelineConfig
 
     dataset = {s: str(Path(data_dir) / f"{s}.dbn") for s in ("train", "valid", "test")}
     config = small_config(dataset, batch_size=8)
@@ -97,7 +97,7 @@ def _free_port() -> int:
 
 
 def _export(workdir, out):
-    cmd = [sys.executable, "-m", "train.main", "export-params", "--workdir", str(workdir), "--out", str(out),
+    cmd = [sys.executable, "-m", "foldax.train.main", "export-params", "--workdir", str(workdir), "--out", str(out),
            "--checkpoint", "latest"]
     proc = subprocess.run(cmd, env=_env(1), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -112,12 +112,12 @@ def test_two_processes_equal_one_process(dataset, tmp_path):
     common = ["train", "--config", str(ROOT / "configs" / "tiny.py"), *_overrides(files),
               "--config.num_train_steps=8", "--config.eval_every=8", "--config.checkpoint_every=4",
               "--config.batch_size=8"]
-    single = subprocess.run([sys.executable, "-m", "train.main", *common, "--workdir", str(tmp_path / "one")],
+    single = subprocess.run([sys.executable, "-m", "foldax.train.main", *common, "--workdir", str(tmp_path / "one")],
                             env=_env(1), cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert single.returncode == 0, single.stderr[-3000:]
     port = _free_port()
     procs = [
-        subprocess.Popen([sys.executable, "-m", "train.main", *common, "--workdir", str(tmp_path / "two"),
+        subprocess.Popen([sys.executable, "-m", "foldax.train.main", *common, "--workdir", str(tmp_path / "two"),
                           "--coordinator_address", f"localhost:{port}", "--num_processes", "2",
                           "--process_id", str(i)], env=_env(1), cwd=ROOT, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)

@@ -1,5 +1,5 @@
 """Killing a training process: SIGKILL mid-run + restart is bit-identical to an uninterrupted run;
-SIGTERM and Ctrl-C save a checkpoint and exit cleanly. (Real subprocesses of ``python -m train.main train``;
+SIGTERM and Ctrl-C save a checkpoint and exit cleanly. (Real subprocesses of ``python -m foldax.train.main train``;
 more faults in tests/test_faults.py.)"""
 
 import json
@@ -26,7 +26,7 @@ def files(tmp_path_factory):
 
 
 def _command(files, workdir, steps, *extra):
-    return [sys.executable, "-m", "train.main", "train", "--config", str(ROOT / "configs" / "tiny.py"),
+    return [sys.executable, "-m", "foldax.train.main", "train", "--config", str(ROOT / "configs" / "tiny.py"),
             *_overrides(files), f"--config.num_train_steps={steps}", "--config.checkpoint_every=10",
             f"--config.eval_every={steps}", "--workdir", str(workdir), *extra]
 

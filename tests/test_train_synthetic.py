@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from train import train as trainer
-from train.main import load_config_file
+from foldax.train import train as trainer
+from foldax.train.main import load_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 

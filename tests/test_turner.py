@@ -46,9 +46,9 @@ from vienna_helpers import (
     vienna_rna_sequence,
 )
 
-import layers
-from layers.dotbracket import StructureError
-from layers.energy_reference import enumerate_turner_structures
+from foldax import layers
+from foldax.layers.dotbracket import StructureError
+from foldax.layers.energy_reference import enumerate_turner_structures
 
 jax.config.update("jax_enable_x64", True)
 

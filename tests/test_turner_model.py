@@ -25,11 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-import layers  # noqa: E402
-from layers.dotbracket import from_dot_bracket  # noqa: E402
-from model import cll_loss, cll_step, l2_penalty  # noqa: E402
-from model.models import TurnerModel, TurnerNeuralModel, create_model, grammar_of  # noqa: E402
-from train import datasets  # noqa: E402
+from foldax import layers  # noqa: E402
+from foldax.layers.dotbracket import from_dot_bracket  # noqa: E402
+from foldax.model import cll_loss, cll_step, l2_penalty  # noqa: E402
+from foldax.model.models import TurnerModel, TurnerNeuralModel, create_model, grammar_of  # noqa: E402
+from foldax.train import datasets  # noqa: E402
 
 DUMMY = ROOT / "tests" / "testdata" / "archiveii" / "archiveII.tar.gz"
 CHUNKS = 2
@@ -292,7 +292,7 @@ def test_open_removes_the_shorter_helix():
 
 
 def test_clean_for_turner_counts_and_the_energy_model_accepts_the_result():
-    from layers.energy import loop_energy
+    from foldax.layers.energy import loop_energy
 
     rng = np.random.default_rng(1)
     examples = []
@@ -329,7 +329,7 @@ def test_clean_for_turner_counts_and_the_energy_model_accepts_the_result():
 
 
 def _write_files(folder):
-    from data.formats import RnaRecord, write_records
+    from foldax.data.formats import RnaRecord, write_records
 
     seqs = {"ok": ("GGGGAAACCCC", "((((...))))"),
             "noncanonical": ("GAGGAAACACC", "((((...))))"),  # A-C and G-A... pairs
@@ -370,7 +370,7 @@ def test_load_splits_cleans_train_and_valid_for_turner_and_says_so(tmp_path):
 
 @pytest.mark.slow
 def test_eval_leaves_impossible_references_out_of_ll():
-    from model.decoding import eval_sums, finalize
+    from foldax.model.decoding import eval_sums, finalize
 
     model = TurnerModel(num_chunks=CHUNKS)
     batch = {"tokens": layers.encode_batch(["GGGGAAACCCC", "GAGGAAACACC"], buckets=None)[0],
@@ -453,7 +453,7 @@ def test_adam_steps_keep_everything_finite_and_lower_the_loss():
 
 def _turner_config(**changes):
     """configs/turner.py on the dummy ArchiveII (tRNA held out), tiny and fast."""
-    from train.main import apply_overrides, load_config_file
+    from foldax.train.main import apply_overrides, load_config_file
 
     config = load_config_file(str(ROOT / "configs" / "turner.py"))
     config.data.path = str(DUMMY)
@@ -476,7 +476,7 @@ def _turner_config(**changes):
 
 
 def _restored_state(workdir):
-    from train import train as trainer
+    from foldax.train import train as trainer
 
     restored = trainer.restore_for_inference(str(workdir), "latest")
     restored.manager.close()
@@ -485,8 +485,8 @@ def _restored_state(workdir):
 
 @pytest.mark.slow
 def test_turner_config_trains_resumes_exactly_and_exports(tmp_path):
-    from train import main as train_main
-    from train import train as trainer
+    from foldax.train import main as train_main
+    from foldax.train import train as trainer
 
     config = _turner_config()
     straight = tmp_path / "straight"
@@ -539,9 +539,9 @@ def test_turner_config_trains_resumes_exactly_and_exports(tmp_path):
 
 def one_step(out: str) -> None:
     """One training step of configs/turner.py (dummy ArchiveII) on a fixed batch of 4; writes the state."""
-    from train import train as trainer
-    from train.datasets import load_splits
-    from train.input_pipeline import InputPipeline, PipelineConfig
+    from foldax.train import train as trainer
+    from foldax.train.datasets import load_splits
+    from foldax.train.input_pipeline import InputPipeline, PipelineConfig
 
     config = _turner_config(batch_size=4)
     splits = load_splits(config.data, min_hairpin=3, grammar="turner", splits=("train",))

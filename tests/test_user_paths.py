@@ -10,12 +10,12 @@ import ml_collections
 import numpy as np
 import pytest
 
-from data.formats import RnaRecord, write_records
-from layers.dotbracket import from_dot_bracket
-from train import datasets
-from train import main as train_main
-from train import train as trainer
-from train.main import load_config_file
+from foldax.data.formats import RnaRecord, write_records
+from foldax.layers.dotbracket import from_dot_bracket
+from foldax.train import datasets
+from foldax.train import main as train_main
+from foldax.train import train as trainer
+from foldax.train.main import load_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.py")
@@ -46,7 +46,7 @@ def files_config(**files):
 def test_split_sizes_say_where_each_split_came_from(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
     write_dbn("train.dbn", 60, seed=0, prefix="t")
-    with caplog.at_level(logging.WARNING, logger="train.datasets"):
+    with caplog.at_level(logging.WARNING, logger="foldax.train.datasets"):
         splits = datasets.load_splits(files_config(train_files="train.dbn").data, min_hairpin=3)
     assert len(splits["train"]) + len(splits["valid"]) + len(splits["test"]) == 60
     assert splits.sources["train"] == "config.data.train_files: train.dbn, less the valid and test parts"
@@ -63,7 +63,7 @@ def test_split_sizes_say_where_each_split_came_from(tmp_path, monkeypatch, caplo
     write_dbn("own/valid.dbn", datasets.SMALL_VALID + 5, seed=1, prefix="v")
     write_dbn("own/test.dbn", 7, seed=2, prefix="e")
     config = files_config(train_files="train.dbn", valid_files="own/valid.dbn", eval_files="own/test.dbn")
-    with caplog.at_level(logging.WARNING, logger="train.datasets"):
+    with caplog.at_level(logging.WARNING, logger="foldax.train.datasets"):
         splits = datasets.load_splits(config.data, min_hairpin=3)
     cap = config.data.max_valid_examples  # tiny.py keeps 16 validation examples
     assert [len(splits[s]) for s in ("train", "valid", "test")] == [60, cap, 7]
@@ -78,7 +78,7 @@ def test_split_sizes_say_where_each_split_came_from(tmp_path, monkeypatch, caplo
     caplog.clear()
     config.data.max_valid_examples = 0  # all of them
     config.data.max_length = 20  # and drop the longer ones
-    with caplog.at_level(logging.WARNING, logger="train.datasets"):
+    with caplog.at_level(logging.WARNING, logger="foldax.train.datasets"):
         splits = datasets.load_splits(config.data, min_hairpin=3)
     assert len(splits["valid"]) >= datasets.SMALL_VALID
     n_long = datasets.SMALL_VALID + 5 - len(splits["valid"])

@@ -98,10 +98,11 @@ def test_workaround_flag_avoids_the_miscompilation():
 
 ISSUE_10 = textwrap.dedent(
     """
-    import jax, layers
-    from layers.dotbracket import from_dot_bracket
-    from layers.reference import structure_score_reference
-    from layers.dotbracket import pairs_from_table
+    import jax
+    from foldax import layers
+    from foldax.layers.dotbracket import from_dot_bracket
+    from foldax.layers.reference import structure_score_reference
+    from foldax.layers.dotbracket import pairs_from_table
     seq = "CCUGGGGUUAAGUAGUUUAGUCACAAUGUUUCCGCUAUGCGCUUCCAGGUUUUUAACCUUCGGUACGCUUUCUAGCAGUUAUUCAUUCAACUCAGGAG"
     db  = "(((....)))..((((.(((.((((...))))((((((.(((((((...)))))((((((((.(((...))))))).)))))))))))).))).))))"
     params = layers.init_params(jax.random.key(2), scale=2.0)

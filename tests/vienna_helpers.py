@@ -16,7 +16,7 @@ import random
 
 import numpy as np
 
-from layers.dotbracket import from_dot_bracket
+from foldax.layers.dotbracket import from_dot_bracket
 
 CANONICAL = ("CG", "GC", "GU", "UG", "AU", "UA")
 IUPAC = "NRYKMSWBDHV"

@@ -1,7 +1,7 @@
 """Safe resumes: one trainer per workdir, verified checkpoints, config changes checked first.
 
-:func:`train.train.train_and_evaluate` runs three checks before Orbax reads
-anything from a workdir, and :func:`train.train.restore_for_inference`
+:func:`foldax.train.train.train_and_evaluate` runs three checks before Orbax reads
+anything from a workdir, and :func:`foldax.train.train.restore_for_inference`
 (``foldax eval`` / ``export-params``) runs the second one too.
 
 **1. One trainer per workdir** (:class:`WorkdirLock`). An exclusive
@@ -115,7 +115,7 @@ SAFE_FIELDS = frozenset({
     "model.num_chunks",  # how the DP is chunked, not what it computes
     "data.num_threads", "data.prefetch",
     "data.max_eval_length", "data.eval_buckets", "data.max_valid_examples", "data.max_test_examples",
-    "data.synthetic.num_valid", "data.synthetic.num_test",
+    "foldax.data.synthetic.num_valid", "foldax.data.synthetic.num_test",
 })
 
 #: Fields holding comma-separated paths: compared after making each path absolute.

@@ -2,20 +2,20 @@
 
 Usage::
 
-    python -m train.compare --workdir runs/default [--split test] [--checkpoint best|latest]
+    python -m foldax.train.compare --workdir runs/default [--split test] [--checkpoint best|latest]
                             [--rnafold-cache FILE] [--max-batch-cells C]
 
 Loads the run's ``config.json`` and checkpoint (as ``foldax eval`` does), the
-same split the evaluation uses (:func:`train.datasets.load_splits`, the same
+same split the evaluation uses (:func:`foldax.train.datasets.load_splits`, the same
 evaluation batches), and predicts each sequence with the model -- the MEA
-structure (``config.gamma``) and the best structure (:func:`model.decoding.predict`).
+structure (``config.gamma``) and the best structure (:func:`foldax.model.decoding.predict`).
 If ViennaRNA's Python module ``RNA`` is installed (``pip install viennarna``),
 each sequence is also folded with RNAfold (``RNA.fold``: minimum free energy,
 default model -- Turner 2004 parameters at 37 C); with ``--rnafold-cache FILE``
 its structures are kept per sequence in FILE (:class:`RnafoldCache`), so a rerun
 folds nothing twice. Every method is scored with
 the same function against the same reference pair tables
-(:func:`model.metrics.pair_metrics`: F1, F1 +-1, MCC, precision, recall;
+(:func:`foldax.model.metrics.pair_metrics`: F1, F1 +-1, MCC, precision, recall;
 per-sequence means; for ArchiveII these are the nested references the model
 trains on). Prints a table and writes
 ``<workdir>/compare.json`` (``compare_<split>.json`` for a split other than
@@ -113,7 +113,7 @@ class RnafoldCache:
 
 def _rnafold_tables(RNA, sequences: list[str], length: int, cache: RnafoldCache | None = None) -> np.ndarray:
     """RNAfold's MFE pair tables ``[len(sequences), length]`` (-1 padded)."""
-    from layers.dotbracket import from_dot_bracket
+    from foldax.layers.dotbracket import from_dot_bracket
 
     cache = RnafoldCache(None, RNA) if cache is None else cache
     out = -np.ones((len(sequences), length), np.int32)
@@ -146,8 +146,8 @@ def _eval_pipelines(config, examples: list[dict], *, max_batch_cells: int = 0):
 
     import jax
 
-    from train import train as trainer
-    from train.input_pipeline import InputPipeline
+    from foldax.train import train as trainer
+    from foldax.train.input_pipeline import InputPipeline
 
     global_batch = int(config.get("eval_batch_size", config.batch_size))
     trainer.check_batch_size(global_batch, "eval_batch_size")
@@ -192,10 +192,10 @@ def compare(workdir: str, *, split: str = "test", which: str = "best", config=No
     import jax
     from flax import nnx
 
-    from model.decoding import predict
-    from model.metrics import METRIC_NAMES, pair_metrics
-    from train import train as trainer
-    from train.datasets import load_splits
+    from foldax.model.decoding import predict
+    from foldax.model.metrics import METRIC_NAMES, pair_metrics
+    from foldax.train import train as trainer
+    from foldax.train.datasets import load_splits
 
     config, mesh, manager, graphdef, state, step = trainer.restore_for_inference(workdir, which, config)
     manager.close()
@@ -296,7 +296,7 @@ def output_path(workdir: str, split: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m train.compare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m foldax.train.compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", required=True, help="a training workdir (config.json and checkpoints/)")
     parser.add_argument("--split", default="test", choices=("train", "valid", "test"))
     parser.add_argument("--checkpoint", default="best", choices=("best", "latest"))
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as err:
         return 0 if err.code in (0, None) else 2
-    from train.main import _setup_logging
+    from foldax.train.main import _setup_logging
 
     _setup_logging()
     try:

@@ -2,29 +2,29 @@
 
 Sources (``data.source``; non-empty ``data.train_files`` always means ``"files"``):
 
-* ``"archiveii"`` -- :func:`data.archiveii.load_archiveii` from ``data.path``
+* ``"archiveii"`` -- :func:`foldax.data.archiveii.load_archiveii` from ``data.path``
   (default: ``../shared/data/archiveii/`` next to the repository, or
   ``$FOLDAX_ARCHIVEII``). ``data.fold`` holds out one family as the test split
   (``"tRNA"`` by default, as the data README recommends), the other families'
   random ``valid`` part is the validation split (see
-  :func:`data.examples.fold_split_of`); ``data.fold = ""`` uses the random split.
+  :func:`foldax.data.examples.fold_split_of`); ``data.fold = ""`` uses the random split.
   ``data.filtered`` keeps rows in the family lists (``in_lis``).
 * ``"files"`` -- the user's own ``.dbn/.bpseq/.ct/.tsv`` files
-  (:func:`data.examples.load_examples`): ``data.train_files`` (training),
+  (:func:`foldax.data.examples.load_examples`): ``data.train_files`` (training),
   ``data.valid_files`` (validation: picks the best checkpoint) and
   ``data.eval_files`` (the *test* split: final metrics, ``foldax eval``) are
   comma-separated lists of paths, folders or globs. Without ``valid_files`` the
   validation split is the train files' random ``valid`` part
-  (:func:`data.examples.split_of`, ~10% by sequence hash; those rows leave the
+  (:func:`foldax.data.examples.split_of`, ~10% by sequence hash; those rows leave the
   training set); without ``eval_files`` the test split is their random ``test``
   part (~10%), likewise. Relative paths are relative to the current directory;
   ``foldax train`` stores them absolute in ``config.json``
   (:func:`absolute_data_paths`), so that eval and resume work from anywhere.
 * ``"synthetic"`` -- random sequences with structures sampled exactly from a
-  teacher model (``data.synthetic``: ``teacher`` = ``"default"`` for
+  teacher model (``foldax.data.synthetic``: ``teacher`` = ``"default"`` for
   :func:`layers.default_params`, ``"random"`` for ``init_params`` with
   ``teacher_scale``, or an ``.npz``; ``lengths``; ``num_train``,
-  ``num_valid``, ``num_test``; ``seed``), as :mod:`data.synthetic` does, in
+  ``num_valid``, ``num_test``; ``seed``), as :mod:`foldax.data.synthetic` does, in
   batches per length.
 
 Cleaning (all sources): structures with a hairpin shorter than the model's
@@ -38,7 +38,7 @@ Cleaning for the Turner grammar (``grammar="turner"``, the ``turner`` models; tr
 valid splits only, :data:`GRAMMAR_CLEANED_SPLITS`): the Turner 2004 model gives probability 0
 (an infinite loss) to a structure with a non-canonical pair (anything but AU UA CG GC GU UG;
 N pairs with nothing) or an interior loop / bulge of more than 30 unpaired bases
-(``layers.energy_params.MAX_LOOP``). :func:`clean_for_turner` applies two rules:
+(``foldax.layers.energy_params.MAX_LOOP``). :func:`clean_for_turner` applies two rules:
 
 * ``data.noncanonical_pairs``: ``"remove"`` those pairs from the target (the rest of the
   structure stays), ``"drop"`` the example, or ``"keep"``;
@@ -51,7 +51,7 @@ N pairs with nothing) or an interior loop / bulge of more than 30 unpaired bases
 ``"keep"`` otherwise (the stacking grammar scores every nested structure). The test split is
 not cleaned this way, so that every model (and RNAfold) is scored against the same reference
 structures; its ``ll_per_nt`` leaves out the structures a model cannot produce
-(:func:`model.decoding.finalize`). What each rule changed is counted in the split's
+(:func:`foldax.model.decoding.finalize`). What each rule changed is counted in the split's
 provenance (:func:`describe_splits`). On ArchiveII (the 3,940 rows in the family lists) no
 pair is non-canonical, and 72 structures have 79 interior loops / bulges longer than 30, all in
 sequences longer than 200 nt (56 of them up to 512 nt: telomerase 31, tmRNA 16, RNase P 4,
@@ -84,7 +84,7 @@ SMALL_VALID = 20
 #: Config fields holding file paths (comma-separated lists for the ``*_files``), made absolute
 #: by :func:`absolute_data_paths`; the other values these fields take are names, not paths.
 PATH_FIELDS = {"data.train_files": (), "data.valid_files": (), "data.eval_files": (), "data.path": (),
-               "data.synthetic.teacher": ("default", "random"),
+               "foldax.data.synthetic.teacher": ("default", "random"),
                "model.init": ("random", "default", "turner2004")}  # the names of layers.params_io.NAMED_PARAMS
 _FILE_KEYS = {"train": "train_files", "valid": "valid_files", "test": "eval_files"}
 #: The splits the grammar's own cleaning rules (``data.noncanonical_pairs``, ``data.long_loops``) apply to.
@@ -156,7 +156,7 @@ def teacher_params(spec: str, *, scale: float = 1.0, seed: int = 0):
     """Teacher parameters of a synthetic dataset: ``"default"``, ``"random"`` or an ``.npz`` path."""
     import jax
 
-    import layers
+    from foldax import layers
 
     if spec == "default":
         return layers.default_params()
@@ -169,15 +169,15 @@ def teacher_params(spec: str, *, scale: float = 1.0, seed: int = 0):
 def synthetic_examples(params, num: int, lengths: Sequence[int], *, seed: int, min_hairpin: int = 3,
                        prefix: str = "synthetic", batch_size: int = 256, num_chunks: int = 4) -> list[dict]:
     """``num`` random ACGU sequences (lengths cycling through ``lengths``), each with one
-    structure sampled from ``params`` (:func:`layers.decoding.sample_structures`, batched per length)."""
+    structure sampled from ``params`` (:func:`foldax.layers.decoding.sample_structures`, batched per length)."""
     import jax
 
-    from data.examples import make_example
-    from data.formats import RnaRecord
-    from data.synthetic import random_sequences
-    from layers.alphabet import encode
-    from layers.decoding import sample_structures
-    from layers.dotbracket import validate_pair_table
+    from foldax.data.examples import make_example
+    from foldax.data.formats import RnaRecord
+    from foldax.data.synthetic import random_sequences
+    from foldax.layers.alphabet import encode
+    from foldax.layers.decoding import sample_structures
+    from foldax.layers.dotbracket import validate_pair_table
 
     lengths = [int(lengths[i % len(lengths)]) for i in range(num)]
     seq_key, sample_key = jax.random.split(jax.random.key(seed))
@@ -234,14 +234,14 @@ def _clean(examples: list[dict], *, min_hairpin: int, short_hairpins: str, max_l
 def noncanonical_pairs(sequence: str, pair_table) -> np.ndarray:
     """The opening positions ``i`` of pairs ``(i, j)``, ``i < j``, that the Turner model cannot form.
 
-    Canonical pairs are AU UA CG GC GU UG (:data:`layers.energy_params.PAIR_INDEX`); N and the other
+    Canonical pairs are AU UA CG GC GU UG (:data:`foldax.layers.energy_params.PAIR_INDEX`); N and the other
     IUPAC codes pair with nothing.
 
     >>> noncanonical_pairs("GAAACAAAU", [8, 4, -1, -1, 1, -1, -1, -1, 0]).tolist()
     [1]
     """
-    from layers.alphabet import encode
-    from layers.energy_params import PAIR_INDEX
+    from foldax.layers.alphabet import encode
+    from foldax.layers.energy_params import PAIR_INDEX
 
     table = np.asarray(pair_table)
     x = np.asarray(encode(sequence))
@@ -262,7 +262,7 @@ def long_interior_loops(pair_table, max_loop: int | None = None) -> list[tuple[i
     [(0, 39, 36, 38, 35)]
     """
     if max_loop is None:
-        from layers.energy_params import MAX_LOOP
+        from foldax.layers.energy_params import MAX_LOOP
 
         max_loop = MAX_LOOP
     table = np.asarray(pair_table)
@@ -439,7 +439,7 @@ def _shown(paths: list[str], limit: int = 3) -> str:
 
 def _load_files(data_cfg, key: str):
     """``load_examples`` of ``config.data.<key>``; a missing file names the field and the directory."""
-    from data.examples import load_examples
+    from foldax.data.examples import load_examples
 
     paths = _paths(data_cfg.get(key, ""))
     try:
@@ -454,17 +454,17 @@ def _load_files(data_cfg, key: str):
 
 
 def _raw_splits(data_cfg, min_hairpin: int) -> Splits:
-    from data.examples import split_of
+    from foldax.data.examples import split_of
 
     source = "files" if _paths(data_cfg.get("train_files", "")) else data_cfg.get("source", "archiveii")
     if source == "archiveii":
-        from data.archiveii import load_archiveii
+        from foldax.data.archiveii import load_archiveii
 
         fold = data_cfg.get("fold", "tRNA") or None
         examples = load_archiveii(data_cfg.get("path", "") or None, fold=fold)
         if data_cfg.get("filtered", True):
             examples = [ex for ex in examples if ex["in_lis"]]
-        from data.examples import fold_split_of
+        from foldax.data.examples import fold_split_of
 
         if fold:
             sources = {"train": f"ArchiveII without {fold}, less the other families' random 'valid' part",
@@ -506,7 +506,7 @@ def load_splits(data_cfg, *, min_hairpin: int, seed: int = 0, splits: Sequence[s
                 grammar: str | None = None) -> Splits:
     """``{"train": [...], "valid": [...], "test": [...]}`` (example dicts) for ``config.data``.
 
-    ``grammar`` (``"stacking"``, ``"turner"``; :func:`model.models.grammar_of` of
+    ``grammar`` (``"stacking"``, ``"turner"``; :func:`foldax.model.models.grammar_of` of
     ``config.model``) resolves ``data.noncanonical_pairs`` / ``data.long_loops = "auto"``
     (module docstring). The result's ``sources`` say where each split came from and what the
     cleaning changed (:func:`describe_splits`); a validation split smaller than

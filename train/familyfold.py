@@ -2,15 +2,15 @@
 
 Usage (also as ``foldax familyfold ...``)::
 
-    python -m train.familyfold --config configs/default.py --workdir runs/ff [--config.a.b=VALUE ...]
+    python -m foldax.train.familyfold --config configs/default.py --workdir runs/ff [--config.a.b=VALUE ...]
         [--families tRNA,5s] [--max-eval-length N] [--no-rnafold] [--max-batch-cells C]
 
-For every ArchiveII family ``f`` (:data:`data.archiveii.FAMILIES`, or ``--families``):
+For every ArchiveII family ``f`` (:data:`foldax.data.archiveii.FAMILIES`, or ``--families``):
 
 1. **Train** with ``f`` held out: the config with ``data.fold = f`` goes to
-   :func:`train.train.train_and_evaluate` in ``<workdir>/<f>/`` (a normal training
-   workdir: ``foldax eval``, ``train.compare`` and ``foldax fold --params`` work on
-   it). Its splits come from :func:`data.examples.fold_split_of`: test = family
+   :func:`foldax.train.train.train_and_evaluate` in ``<workdir>/<f>/`` (a normal training
+   workdir: ``foldax eval``, ``foldax.train.compare`` and ``foldax fold --params`` work on
+   it). Its splits come from :func:`foldax.data.examples.fold_split_of`: test = family
    ``f``; validation = the *other* families' random ``valid`` rows; train = the
    rest of the other families. So the best checkpoint (the only choice made
    from data during training: ``config.best_metric`` on the validation split)
@@ -18,11 +18,11 @@ For every ArchiveII family ``f`` (:data:`data.archiveii.FAMILIES`, or ``--famili
    example of ``f`` in its train or validation split, else an error) and counts
    the test sequences that also occur in them (``checks``; none in ArchiveII,
    where no sequence is in two families).
-2. **Evaluate** its best checkpoint on family ``f`` with :func:`train.compare.compare`:
+2. **Evaluate** its best checkpoint on family ``f`` with :func:`foldax.train.compare.compare`:
    foldax MEA (``config.gamma``), foldax best structure, and RNAfold (ViennaRNA,
    MFE, 37 C) on the same sequences, each against the same nested reference
    pair tables: F1, F1 +-1 (slip), MCC, precision, recall, as per-sequence means
-   (:mod:`model.metrics`).
+   (:mod:`foldax.model.metrics`).
 
 Evaluation policy for long sequences. ``config.data.max_length`` caps the
 *training and validation* rows (200 nt by default); the held-out family is
@@ -48,14 +48,14 @@ Outputs in ``--workdir``:
 * ``familyfold.md`` -- the markdown tables (also printed).
 * ``familyfold_config.json`` -- the config and options of the run (a rerun
   must match them); ``rnafold_cache.jsonl`` -- RNAfold's structure per sequence
-  (:class:`train.compare.RnafoldCache`).
+  (:class:`foldax.train.compare.RnafoldCache`).
 * ``<f>/`` -- family ``f``'s training workdir and ``<f>/familyfold_family.json``,
   its finished evaluation.
 
 Resuming: run the same command again. Families with ``familyfold_family.json``
 are taken as they are; a family whose training finished (``summary.json``) is
 only evaluated; a half-trained family resumes from its latest checkpoint
-(:func:`train.train.train_and_evaluate`); RNAfold folds only sequences not in
+(:func:`foldax.train.train.train_and_evaluate`); RNAfold folds only sequences not in
 the cache. SIGTERM during training saves a checkpoint and stops cleanly.
 
 :func:`main` ``(argv)`` returns the exit status: 0 done (also after a clean
@@ -154,7 +154,7 @@ def family_config(config, family: str, *, test_lengths, max_eval_length: int = 0
     Training fields (``data.max_length``, ``data.buckets``, the optimizer, ...)
     are untouched.
     """
-    from train.compare import eval_batch_sizes
+    from foldax.train.compare import eval_batch_sizes
 
     cfg = _copy(config)
     lengths = [int(n) for n in test_lengths]
@@ -219,7 +219,7 @@ def _short_hairpin(example: dict, min_hairpin: int) -> bool:
 def left_out_counts(family_rows: list[dict], config, *, max_eval_length: int, n_evaluated: int) -> dict:
     """Why rows of the held-out family are not evaluated: ``{reason: count}`` (non-zero ones).
 
-    Mirrors :func:`train.datasets.load_splits` on the test split: ``not_listed``
+    Mirrors :func:`foldax.train.datasets.load_splits` on the test split: ``not_listed``
     (``data.filtered``: not in ArchiveII's family lists), ``short_hairpin``
     (``data.short_hairpins = "drop"``), ``longer_than_max_eval_length``,
     ``subset`` (``data.max_test_examples``); ``other`` would be a mismatch.
@@ -282,9 +282,9 @@ def run_family(config, workdir: str, family: str, *, family_rows: list[dict], ma
     """
     import jax
 
-    from train import train as trainer
-    from train.compare import compare
-    from train.datasets import load_splits
+    from foldax.train import train as trainer
+    from foldax.train.compare import compare
+    from foldax.train.datasets import load_splits
 
     fdir = os.path.join(workdir, family)
     result_path = os.path.join(fdir, RESULT_NAME)
@@ -373,11 +373,11 @@ def familyfold(config, workdir: str, *, families=None, max_eval_length: int = 0,
                max_batch_cells: int = DEFAULT_MAX_BATCH_CELLS, config_name: str = "") -> dict:
     """Runs (or resumes) the family folds; writes and returns ``familyfold.json``'s content.
 
-    ``families``: family codes (default all of :data:`data.archiveii.FAMILIES`),
+    ``families``: family codes (default all of :data:`foldax.data.archiveii.FAMILIES`),
     run in that order; the outputs cover every finished family of ``workdir``.
     """
-    from data.archiveii import FAMILIES, load_archiveii
-    from train import train as trainer
+    from foldax.data.archiveii import FAMILIES, load_archiveii
+    from foldax.train import train as trainer
 
     check_config(config)
     families = list(families or FAMILIES)
@@ -415,7 +415,7 @@ def familyfold(config, workdir: str, *, families=None, max_eval_length: int = 0,
 
 
 def _records(workdir: str) -> dict:
-    from data.archiveii import FAMILIES
+    from foldax.data.archiveii import FAMILIES
 
     out = {}
     for family in FAMILIES:
@@ -428,7 +428,7 @@ def _records(workdir: str) -> dict:
 
 def write_outputs(workdir: str, config, options: dict, *, config_name: str = "") -> dict:
     """``familyfold.json`` and ``familyfold.md`` from every finished family of ``workdir``."""
-    from data.archiveii import FAMILIES
+    from foldax.data.archiveii import FAMILIES
 
     records = _records(workdir)
     result = {
@@ -569,7 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _load_config(args, overrides):
     import ml_collections
 
-    from train.main import apply_overrides, load_config_file
+    from foldax.train.main import apply_overrides, load_config_file
 
     if args.config:
         config = load_config_file(args.config)
@@ -583,8 +583,8 @@ def _load_config(args, overrides):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m train.familyfold ...`` / ``foldax familyfold ...``; returns the exit status."""
-    from train.main import _setup_logging, _split_overrides
+    """``python -m foldax.train.familyfold ...`` / ``foldax familyfold ...``; returns the exit status."""
+    from foldax.train.main import _setup_logging, _split_overrides
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -597,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as err:
         return 0 if err.code in (0, None) else 2
     _setup_logging()
-    from train.train import TrainingDiverged
+    from foldax.train.train import TrainingDiverged
 
     try:
         config = _load_config(args, overrides)

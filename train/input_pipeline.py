@@ -58,7 +58,7 @@ from collections.abc import Mapping, Sequence
 import grain
 import numpy as np
 
-from layers.alphabet import DEFAULT_BUCKETS, PAD_TOKEN, encode
+from foldax.layers.alphabet import DEFAULT_BUCKETS, PAD_TOKEN, encode
 
 __all__ = ["PipelineConfig", "InputPipeline", "padding_stats", "suggest_buckets"]
 
@@ -154,7 +154,7 @@ class InputPipeline:
 
     Args:
       examples: a random-access sequence (list, TFDS data source, ...) of
-        :class:`data.formats.RnaRecord` or dicts with ``sequence`` and
+        :class:`foldax.data.formats.RnaRecord` or dicts with ``sequence`` and
         ``pair_table``. Read once here (for the lengths) and again per batch.
       config: :class:`PipelineConfig`.
 

@@ -2,9 +2,9 @@
 
 Usage (also as ``foldax train|eval|export-params ...``, which forwards here)::
 
-    python -m train.main train --config configs/default.py --workdir runs/x [--config.batch_size=32 ...]
-    python -m train.main eval --workdir runs/x [--split test] [--checkpoint best|latest] [--config.data.eval_files=...]
-    python -m train.main export-params --workdir runs/x --out params.npz [--checkpoint best|latest]
+    python -m foldax.train.main train --config configs/default.py --workdir runs/x [--config.batch_size=32 ...]
+    python -m foldax.train.main eval --workdir runs/x [--split test] [--checkpoint best|latest] [--config.data.eval_files=...]
+    python -m foldax.train.main export-params --workdir runs/x --out params.npz [--checkpoint best|latest]
 
 ``--config FILE[:ARG]`` is a Python file with ``get_config()`` (or
 ``get_config(ARG)``) returning an ``ml_collections.ConfigDict``, or the name of
@@ -13,7 +13,7 @@ one of the shipped configs (``default``, ``tiny``, ``synthetic``, ``neural``;
 :func:`resolve_config_file`); options ``--config.a.b=VALUE`` (or
 ``--config.a.b VALUE``) override fields, parsed to the field's type as
 ``ml_collections.config_flags`` does. Data paths are stored absolute in the
-run's ``config.json`` (:func:`train.datasets.absolute_data_paths`). ``train`` on
+run's ``config.json`` (:func:`foldax.train.datasets.absolute_data_paths`). ``train`` on
 a workdir that already holds a run resumes it; without ``--config`` it uses the
 run's saved ``config.json``. Multi-host: ``--coordinator_address host:port
 --num_processes N --process_id I`` (``jax.distributed.initialize``), the same
@@ -35,8 +35,8 @@ import os
 import sys
 
 COMMANDS = ("train", "eval", "export-params")
-#: Where the shipped configs live: the ``configs`` package (``foldax.configs`` once namespaced).
-CONFIG_PACKAGES = ("configs", "foldax.configs")
+#: Where the shipped configs live: ``configs/`` of the repository, installed as ``foldax.configs``.
+CONFIG_PACKAGES = ("foldax.configs",)
 
 OVERRIDE_HELP = """\
 Override any config field with --config.a.b=VALUE (or --config.a.b VALUE); the value is parsed to the
@@ -204,8 +204,8 @@ def _get_config(args, overrides):
     """The config of a command: ``--config`` (or the workdir's ``config.json``) with the
     overrides applied, data paths made absolute (those of a saved config.json only where
     overridden now: its relative paths were relative to where it was written)."""
-    from train.datasets import PATH_FIELDS, absolute_data_paths
-    from train.train import load_config
+    from foldax.train.datasets import PATH_FIELDS, absolute_data_paths
+    from foldax.train.train import load_config
 
     if args.config:
         config = load_config_file(args.config)
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         print("foldax export-params: error: --config.* overrides do not apply here", file=sys.stderr)
         return 2
     _setup_logging()
-    from train import train as trainer
+    from foldax.train import train as trainer
 
     try:
         if args.command == "train":

@@ -1,12 +1,12 @@
 """Training and evaluation of foldax models (in the style of the Flax examples).
 
 :func:`train_and_evaluate` ``(config, workdir)`` trains the model of
-``config.model`` on ``config.data`` (see :mod:`train.datasets`) with the CLL
-loss (:mod:`model.loss`: negative log-likelihood per nucleotide), evaluates on
+``config.model`` on ``config.data`` (see :mod:`foldax.train.datasets`) with the CLL
+loss (:mod:`foldax.model.loss`: negative log-likelihood per nucleotide), evaluates on
 the validation split every ``eval_every`` steps and, at the end, the best
 checkpoint on the test split. :func:`evaluate_checkpoint` and
 :func:`export_params` serve ``main eval`` / ``main export-params``;
-:func:`restore_for_inference` is what they (and :mod:`train.compare`) restore
+:func:`restore_for_inference` is what they (and :mod:`foldax.train.compare`) restore
 with. Evaluation makes exactly one pass over a split, the training split
 included.
 
@@ -14,7 +14,7 @@ Parallelism. One ``jax.sharding.Mesh`` over all devices of all processes with
 one axis ``data``; every batch is sharded over it, the parameters and the
 optimizer state are replicated, and ``jax.jit`` (GSPMD) inserts the gradient
 all-reduce -- no ``pmap``. Each process reads only its own rows of the global
-batch (:class:`train.input_pipeline.InputPipeline` with ``shard_index =
+batch (:class:`foldax.train.input_pipeline.InputPipeline` with ``shard_index =
 jax.process_index()``) and :func:`jax.make_array_from_process_local_data`
 assembles the global array. The loss is a global per-nucleotide mean, so one
 step gives the same result (up to float reassociation) on 1 device, 8 devices
@@ -29,9 +29,9 @@ Ctrl-C. Kept: the latest ``keep_checkpoints`` and the best one by
 or ``BestN``). Orbax writes each checkpoint into a temporary directory and
 renames it when complete, so an interrupted write is never restored; once it
 is committed, foldax adds a manifest of its files' sizes and checksums
-(:mod:`train.checkpointing`). Re-running with the same workdir resumes from the
+(:mod:`foldax.train.checkpointing`). Re-running with the same workdir resumes from the
 latest checkpoint exactly (same batches, same parameters: bit-identical to an
-uninterrupted run), after three checks (:mod:`train.checkpointing`): no other
+uninterrupted run), after three checks (:mod:`foldax.train.checkpointing`): no other
 trainer holds the workdir's lock; the config differs from ``config.json`` only
 in fields that may change (others stop the run, naming each field); and every
 checkpoint verifies against its manifest -- a damaged one is reported in one
@@ -91,13 +91,13 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from model.decoding import eval_sums, finalize
-from model.loss import cll_loss
-from model.models import create_model, grammar_of
-from train import checkpointing
-from train.checkpointing import CheckpointError, ConfigChanged, WorkdirError, WorkdirLocked
-from train.datasets import describe_splits, load_splits
-from train.input_pipeline import InputPipeline, PipelineConfig
+from foldax.model.decoding import eval_sums, finalize
+from foldax.model.loss import cll_loss
+from foldax.model.models import create_model, grammar_of
+from foldax.train import checkpointing
+from foldax.train.checkpointing import CheckpointError, ConfigChanged, WorkdirError, WorkdirLocked
+from foldax.train.datasets import describe_splits, load_splits
+from foldax.train.input_pipeline import InputPipeline, PipelineConfig
 
 __all__ = [
     "TrainingDiverged",
@@ -132,9 +132,9 @@ class TrainingDiverged(RuntimeError):
 
 def setup_jax(config) -> None:
     """Persistent compilation cache (``config.compilation_cache_dir``; '' disables it), and one CPU
-    device per core unless the user chose a count or JAX has started (:mod:`layers.devices`): the
+    device per core unless the user chose a count or JAX has started (:mod:`foldax.layers.devices`): the
     largest count that divides both batch sizes. Several processes (``jax.distributed``) choose their own."""
-    from layers import devices
+    from foldax.layers import devices
 
     if not jax.distributed.is_initialized():
         devices.default_cpu_devices(divides=int(np.gcd(int(config.batch_size),
@@ -851,8 +851,8 @@ def _unflat_params(tree, values: Mapping, prefix: str = ""):
 
 def _evaluate_teacher(config, pipeline, mesh) -> dict:
     """Test metrics of the synthetic data's teacher parameters (the ceiling a model can reach)."""
-    from model.models import StackingModel
-    from train.datasets import teacher_params
+    from foldax.model.models import StackingModel
+    from foldax.train.datasets import teacher_params
 
     syn = config.data.synthetic
     params = teacher_params(syn.teacher, scale=float(syn.get("teacher_scale", 1.0)), seed=int(syn.seed))
@@ -870,7 +870,7 @@ def _check_config(config) -> None:
     metric = config.get("best_metric", "mea/f1")
     if metric and metric != "ll_per_nt":
         decoder, _, name = metric.partition("/")
-        from model.metrics import METRIC_NAMES
+        from foldax.model.metrics import METRIC_NAMES
 
         if decoder not in decoders or name not in METRIC_NAMES:
             raise ValueError(f"config.best_metric {metric!r} is not computed: use 'll_per_nt' or "
@@ -988,7 +988,7 @@ def restore_for_inference(workdir: str, which: str = "best", config=None) -> Res
     Raises ``FileNotFoundError`` without checkpoints, :class:`CheckpointError`
     when none verifies.
 
-    ``foldax eval`` / ``export-params`` and :mod:`train.compare` use it::
+    ``foldax eval`` / ``export-params`` and :mod:`foldax.train.compare` use it::
 
         config, mesh, manager, graphdef, state, step = restore_for_inference("runs/default")
         manager.close()
@@ -1077,7 +1077,7 @@ def export_params(workdir: str, out: str, *, which: str = "best") -> str:
     the foldax commit. :func:`layers.load_params` reads all of them back. A neural model's
     ``phi`` network is not exported (a warning says so).
     """
-    import layers
+    from foldax import layers
 
     config, mesh, manager, graphdef, state, step = restore_for_inference(workdir, which)
     try:

@@ -5,10 +5,10 @@ structure (file stem = id, family = prefix before the first ``_``) plus one
 ``<family>.lis`` list per family. This module reads it without TensorFlow:
 
 * :func:`load_archiveii` -- a list of example dicts (features of
-  :mod:`data.examples` plus ``in_lis``) from the tarball, a folder of ``.ct``
+  :mod:`foldax.data.examples` plus ``in_lis``) from the tarball, a folder of ``.ct``
   files, or the normalised ``archiveii.tsv``; optionally one split of the
   random or a family-fold split, and the recommended filter.
-* ``data.archiveii.archiveii_dataset_builder.Builder`` -- the TensorFlow
+* ``foldax.data.archiveii.archiveii_dataset_builder.Builder`` -- the TensorFlow
   Datasets builder (``tfds.builder("archiveii/fold_tRNA")``), imported
   separately because it imports ``tensorflow_datasets``.
 * :func:`fetch_archiveii` -- on a machine without a local copy: downloads
@@ -18,11 +18,11 @@ structure (file stem = id, family = prefix before the first ``_``) plus one
   ``foldax train``) fetches it when nothing else is found. ``python -m
   data.archiveii fetch`` does the same from the shell (``scripts/demo.sh``).
 
-Splits (the same for both): ``random`` -- :func:`data.examples.split_of`
+Splits (the same for both): ``random`` -- :func:`foldax.data.examples.split_of`
 (SHA-256 of the sequence, ~80/10/10, identical sequences together; equal to
 the ``random_split`` column of ``archiveii.tsv``); ``fold_<family>`` -- that
 family is ``test``, the other nine give ``valid`` (their random ``valid`` part)
-and ``train`` (the rest), see :func:`data.examples.fold_split_of`.
+and ``train`` (the rest), see :func:`foldax.data.examples.fold_split_of`.
 
 Caveats (see ``shared/data/archiveii/README.md``): 1,086 structures are
 pseudoknotted (``pair_table`` holds a maximum nested subset,
@@ -48,9 +48,9 @@ from pathlib import Path
 
 import numpy as np
 
-from data.examples import SPLITS, fold_split_of, make_example, mark_duplicates
-from data.formats import FormatError, RnaRecord, parse_records
-from layers.dotbracket import from_dot_bracket, table_from_pairs
+from foldax.data.examples import SPLITS, fold_split_of, make_example, mark_duplicates
+from foldax.data.formats import FormatError, RnaRecord, parse_records
+from foldax.layers.dotbracket import from_dot_bracket, table_from_pairs
 
 __all__ = [
     "URL",
@@ -163,7 +163,7 @@ def fetch_archiveii(*, url: str | None = None, cache: str | os.PathLike | None =
     try:
         import tensorflow_datasets as tfds
 
-        from data.archiveii.archiveii_dataset_builder import Builder
+        from foldax.data.archiveii.archiveii_dataset_builder import Builder
     except ImportError as err:
         raise ArchiveIIUnavailable(f"downloading ArchiveII needs tensorflow-datasets ({err})") from None
     builder = Builder(config="random", data_dir=str(cache / "tfds"), file_format="array_record")
@@ -216,7 +216,7 @@ def examples_from_archive(path: str | os.PathLike) -> list[dict]:
     """Examples (sorted by id) from the ArchiveII tarball or an extracted folder of it.
 
     Every ``.ct`` file must hold exactly one valid structure, else
-    :class:`data.formats.FormatError`. ``in_lis`` is True for ids listed in
+    :class:`foldax.data.formats.FormatError`. ``in_lis`` is True for ids listed in
     any ``*.lis`` file.
     """
     records, listed = [], set()
@@ -239,7 +239,7 @@ def examples_from_tsv(path: str | os.PathLike) -> list[dict]:
     """Examples from the normalised ``archiveii.tsv`` (``pairs`` column = every pair).
 
     The nested ``pair_table`` is taken from the ``nested_dot_bracket`` column;
-    the other features are recomputed by :func:`data.examples.make_example`
+    the other features are recomputed by :func:`foldax.data.examples.make_example`
     and agree with the TSV's columns (a test checks this).
     """
     csv.field_size_limit(sys.maxsize)
@@ -280,7 +280,7 @@ def load_archiveii(
         :func:`fetch_archiveii` (a download; :class:`ArchiveIIUnavailable` offline).
       split: ``"train"``, ``"valid"`` or ``"test"`` to keep one split; None keeps all.
       fold: a family code to use the leave-that-family-out split instead of
-        the random one (see :func:`data.examples.fold_split_of`).
+        the random one (see :func:`foldax.data.examples.fold_split_of`).
       filtered: apply :func:`recommended_filter`.
     """
     if fold is not None and fold not in FAMILIES:

@@ -1,9 +1,9 @@
-"""``python -m data.archiveii fetch``: ArchiveII on this machine (downloaded once if needed); prints its path.
+"""``python -m foldax.data.archiveii fetch``: ArchiveII on this machine (downloaded once if needed); prints its path.
 
 Exit status: 0 (the path is printed), 3 when it cannot be downloaded now (offline: the
 message says why), 1 when what was downloaded is not ArchiveII. ``--url`` downloads from
 elsewhere (a mirror, a ``file://`` URL); ``--cache DIR`` keeps it in DIR instead of
-:func:`data.archiveii.cache_root`.
+:func:`foldax.data.archiveii.cache_root`.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from data import archiveii
+from foldax.data import archiveii
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m data.archiveii", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m foldax.data.archiveii", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=("fetch",))
     parser.add_argument("--url", default=None, help=f"where to download from (default {archiveii.URL})")
     parser.add_argument("--cache", default=None, help="where to keep it (default: data.archiveii.cache_root())")

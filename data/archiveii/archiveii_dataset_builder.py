@@ -1,6 +1,6 @@
 """TensorFlow Datasets builder for ArchiveII (``tfds.builder("archiveii/<config>")``).
 
-Configs (see :mod:`data.archiveii` for the split rules), each with the splits
+Configs (see :mod:`foldax.data.archiveii` for the split rules), each with the splits
 ``train``, ``valid`` and ``test``:
 
 * ``random`` (default) -- SHA-256-of-sequence split, ~80/10/10, equal to the
@@ -11,9 +11,9 @@ Configs (see :mod:`data.archiveii` for the split rules), each with the splits
 
 Every split holds all structures it is assigned, unfiltered; filter on the
 features (``in_lis``, ``n_short_hairpin``, ``length``) -- e.g. with
-:func:`data.archiveii.recommended_filter`.
+:func:`foldax.data.archiveii.recommended_filter`.
 
-Download: the archive comes from :data:`data.archiveii.URL`. Without internet,
+Download: the archive comes from :data:`foldax.data.archiveii.URL`. Without internet,
 put that ``archiveII.tar.gz`` (or the repacked ``archiveII_ct.tar.gz`` of
 ``shared/data/archiveii/raw/``) into the manual directory::
 
@@ -23,7 +23,7 @@ put that ``archiveII.tar.gz`` (or the repacked ``archiveII_ct.tar.gz`` of
     source = builder.as_data_source()["train"]   # random access, no TensorFlow needed
 
 ``file_format="array_record"`` plus ``as_data_source()`` works without
-TensorFlow installed and feeds :mod:`train.input_pipeline` (Grain) directly.
+TensorFlow installed and feeds :mod:`foldax.train.input_pipeline` (Grain) directly.
 Text features come back as ``bytes``.
 """
 
@@ -38,8 +38,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 from etils import epath
 
-from data.archiveii import ARCHIVE_NAMES, FAMILIES, URL, _check_content, examples_from_archive
-from data.examples import SPLITS, fold_split_of
+from foldax.data.archiveii import ARCHIVE_NAMES, FAMILIES, URL, _check_content, examples_from_archive
+from foldax.data.examples import SPLITS, fold_split_of
 
 _TEXT = ("id", "family", "sequence", "random_split", "dup_of", "source")
 _INT = ("length", "n_pk_removed", "n_short_hairpin")
@@ -48,7 +48,7 @@ _TABLES = ("pair_table", "full_pair_table")
 
 
 def features() -> tfds.features.FeaturesDict:
-    """The feature spec: the example dict of :mod:`data.examples` plus ``in_lis``."""
+    """The feature spec: the example dict of :mod:`foldax.data.examples` plus ``in_lis``."""
     spec = {k: tfds.features.Text() for k in _TEXT}
     spec.update({k: tfds.features.Scalar(dtype=np.int32) for k in _INT})
     spec.update({k: tfds.features.Scalar(dtype=np.bool_) for k in _BOOL})
@@ -76,7 +76,7 @@ class Builder(tfds.core.GeneratorBasedBuilder):
     pkg_dir_path = epath.Path(__file__).parent  # CITATIONS.bib, README.md
     #: Where the archive is downloaded from (an instance may point elsewhere, e.g. a mirror or a file:// URL).
     url = URL
-    #: When set, :func:`data.archiveii.content_digest` the archive must have (else ValueError, nothing kept).
+    #: When set, :func:`foldax.data.archiveii.content_digest` the archive must have (else ValueError, nothing kept).
     expected_sha256: str | None = None
     #: The archive used by the last ``download_and_prepare`` (None before, or when it was already prepared).
     archive: Path | None = None

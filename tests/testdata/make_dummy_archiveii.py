@@ -16,8 +16,8 @@ import random
 import tarfile
 from pathlib import Path
 
-from data.examples import split_of
-from layers.dotbracket import from_dot_bracket
+from foldax.data.examples import split_of
+from foldax.layers.dotbracket import from_dot_bracket
 
 OUT = Path(__file__).resolve().parent / "archiveii" / "archiveII.tar.gz"
 
