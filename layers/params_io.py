@@ -4,8 +4,10 @@
 :mod:`layers` takes (the grammar follows from the keys, see :func:`layers.is_energy_params`):
 
 ==================  ==========================================================================
-``"turner2004"``    :func:`layers.turner2004` (ViennaRNA 2.x's default energies)
-``"default"``       :func:`layers.default_params` (the hand-set stacking scores)
+a shipped name      :func:`shipped_params` (``layers/data/registry.json``): ``"turner2004"``
+                    (ViennaRNA 2.x's default energies, RNAfold's), ``"stacking"`` (the stacking
+                    model trained on ArchiveII), ``"handset"`` or ``"default"``
+                    (:func:`layers.default_params`), ...
 ``*.json``          a file :func:`save_params` wrote (either grammar, lossless, with provenance),
                     or the packaged energy format ``foldax-energy-params-1`` (integer dcal/mol)
 ``*.npz``           stacking scores (``stack pair unpaired loop``, as ``foldax export-params``
@@ -13,8 +15,7 @@
 ``*.par``           a ViennaRNA 2.0 parameter file (:func:`layers.load_parameter_file`)
 ==================  ==========================================================================
 
-:data:`NAMED_PARAMS` maps the names to loaders; parameter sets shipped with the package are
-added there.
+``foldax fold --params NAME|FILE`` reads the same names and files.
 
 The JSON format (``"format": "foldax-params-1"``) holds every table as nested lists of
 numbers in its own units (kcal/mol for Turner tables, natural-log scores for stacking),
@@ -40,37 +41,49 @@ comment.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from importlib import resources
 
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["load_params", "save_params", "read_provenance", "NAMED_PARAMS", "FORMAT"]
+__all__ = ["load_params", "save_params", "read_provenance", "shipped_params", "shipped_file", "FORMAT"]
 
 #: The ``format`` tag of the JSON files :func:`save_params` writes.
 FORMAT = "foldax-params-1"
 _PROVENANCE_KEY = "__provenance__"
+_PROVENANCE_KEYS = (_PROVENANCE_KEY, "provenance")  # the second: files of earlier foldax versions
 _SPECIAL_PREFIX = "special_hairpins/"
 _STACKING_KEYS = ("stack", "pair", "unpaired", "loop")
 
 
-def _turner2004(dtype):
-    from foldax.layers.energy_params import turner2004
-
-    return turner2004(dtype)
-
-
-def _default(dtype):
-    from foldax.layers.params import default_params
-
-    return default_params(dtype)
+REGISTRY = "registry.json"
+#: Other names of registry entries (``config.model.init = "default"`` predates the registry).
+ALIASES = {"default": "handset"}
 
 
-#: Parameter sets by name: ``name -> loader(dtype) -> params``.
-NAMED_PARAMS: dict[str, Callable] = {"turner2004": _turner2004, "default": _default}
+@functools.lru_cache(maxsize=1)
+def shipped_params() -> dict[str, dict]:
+    """The parameter sets shipped with foldax, ``{name: entry}`` from ``layers/data/registry.json``:
+    ``file`` (in ``layers/data/``) or ``builtin`` (a function of :mod:`foldax.layers`), ``grammar``
+    and a one-line ``summary``. A file-backed entry may be missing from an installation (its file
+    not built yet); :func:`load_params` then says so."""
+    text = resources.files("foldax.layers").joinpath("data", REGISTRY).read_text(encoding="utf-8")
+    return json.loads(text)["params"]
+
+
+def shipped_file(name: str) -> str | None:
+    """The path of a shipped parameter set's file (None for a builtin one)."""
+    entry = shipped_params()[ALIASES.get(name, name)]
+    return str(resources.files("foldax.layers").joinpath("data", entry["file"])) if "file" in entry else None
+
+
+def _named(name: str) -> bool:
+    return ALIASES.get(name, name) in shipped_params()
 
 
 def _is_energy(params) -> bool:
@@ -80,11 +93,12 @@ def _is_energy(params) -> bool:
 
 
 def load_params(name_or_path, *, dtype=jnp.float32) -> dict:
-    """The parameters named ``name_or_path`` (:data:`NAMED_PARAMS`) or stored in that file.
+    """The parameters named ``name_or_path`` (:func:`shipped_params`) or stored in that file.
 
     Args:
-      name_or_path: ``"turner2004"``, ``"default"``, or a ``.json`` / ``.npz`` / ``.par`` file
-        (module docstring).
+      name_or_path: a shipped parameter set (:func:`shipped_params`: ``"turner2004"``,
+        ``"stacking"``, ``"handset"`` (alias ``"default"``), ...) or a ``.json`` / ``.npz`` /
+        ``.par`` file (module docstring).
       dtype: of the returned arrays (float32 default; float64 needs ``jax_enable_x64``).
 
     Returns:
@@ -96,15 +110,25 @@ def load_params(name_or_path, *, dtype=jnp.float32) -> dict:
       and what is wrong for an unreadable one.
     """
     name = os.fspath(name_or_path)
-    if name in NAMED_PARAMS:
-        return NAMED_PARAMS[name](dtype)
-    if os.path.isdir(name):
+    if _named(name):
+        entry = shipped_params()[ALIASES.get(name, name)]
+        if "builtin" in entry:
+            import foldax.layers
+
+            return getattr(foldax.layers, entry["builtin"])(dtype)
+        path = shipped_file(name)
+        if not os.path.isfile(path):
+            others = ", ".join(n for n in shipped_params() if n != name)
+            raise FileNotFoundError(f"{name}: its file {entry['file']} is not in this installation of foldax "
+                                    f"(foldax/layers/data/); choose another: {others}")
+        name = path
+    elif os.path.isdir(name):
         raise ValueError(f"{name} is a directory; load_params reads a parameter file (.json, .npz, .par) or a name "
-                         f"({', '.join(NAMED_PARAMS)}). For a training workdir, write one with "
+                         f"({', '.join(shipped_params())}). For a training workdir, write one with "
                          f"'foldax export-params --workdir {name} --out FILE'")
-    if not os.path.exists(name):
-        raise FileNotFoundError(f"{name}: no such parameter file, and not a named parameter set "
-                                f"({', '.join(NAMED_PARAMS)})")
+    elif not os.path.exists(name):
+        raise FileNotFoundError(f"{name}: no such parameter file, and not a shipped parameter set "
+                                f"({', '.join(shipped_params())})")
     ext = os.path.splitext(name)[1].lower()
     if ext == ".json":
         params = _load_json(name, dtype)
@@ -224,7 +248,8 @@ def _load_npz(path: str, dtype) -> dict:
             arrays = {k: f[k] for k in f.files}
     except (OSError, ValueError) as err:
         raise ValueError(f"{path}: not a readable .npz file ({err})") from None
-    arrays.pop(_PROVENANCE_KEY, None)
+    for key in _PROVENANCE_KEYS:
+        arrays.pop(key, None)
     special = {k[len(_SPECIAL_PREFIX):]: v for k, v in arrays.items() if k.startswith(_SPECIAL_PREFIX)}
     params = {k: jnp.asarray(v, dtype=dtype) for k, v in arrays.items() if not k.startswith(_SPECIAL_PREFIX)}
     if special or "mismatch_hairpin" in params:
@@ -292,14 +317,21 @@ def save_params(params, path, *, provenance: Mapping | None = None) -> None:
         raise ValueError(f"cannot save {path}: unknown parameter file type {ext!r}; use .json, .npz or .par")
 
 
-def read_provenance(path) -> dict | None:
-    """The provenance stored in a ``.json`` or ``.npz`` parameter file (None if it has none)."""
-    path = os.fspath(path)
+def read_provenance(name_or_path) -> dict | None:
+    """The provenance stored with a shipped parameter set (by name) or in a ``.json`` / ``.npz``
+    parameter file (None if it has none)."""
+    path = os.fspath(name_or_path)
+    if _named(path):
+        path = shipped_file(path)
+        if path is None or not os.path.isfile(path):
+            return None
     ext = os.path.splitext(path)[1].lower()
     if ext == ".json":
         with open(path, encoding="utf-8") as handle:
             return json.load(handle).get("provenance") or None
     if ext == ".npz":
         with np.load(path, allow_pickle=False) as f:
-            return json.loads(str(f[_PROVENANCE_KEY])) if _PROVENANCE_KEY in f.files else None
+            for key in _PROVENANCE_KEYS:
+                if key in f.files:
+                    return json.loads(str(f[key]))
     return None

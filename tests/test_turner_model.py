@@ -195,7 +195,11 @@ def test_parameter_files_par_names_and_errors(tmp_path):
     np.testing.assert_array_equal(layers.load_params("default")["stack"], layers.default_params()["stack"])
     packaged = ROOT / "layers" / "data" / "rna_turner2004.json"
     np.testing.assert_array_equal(layers.load_params(packaged)["int22"], layers.turner2004()["int22"])
-    assert set(layers.params_io.NAMED_PARAMS) <= set(datasets.PATH_FIELDS["model.init"])  # names are not paths
+    names = [*layers.params_io.shipped_params(), *layers.params_io.ALIASES]  # names are not paths
+    config = ml_collections.ConfigDict({"model": {"init": ""}})
+    for name in names:
+        config.model.init = name
+        assert datasets.absolute_data_paths(config).model.init == name
     # errors name the file and what is wrong
     with pytest.raises(FileNotFoundError, match="missing.json"):
         layers.load_params(tmp_path / "missing.json")

@@ -115,7 +115,7 @@ SAFE_FIELDS = frozenset({
     "model.num_chunks",  # how the DP is chunked, not what it computes
     "data.num_threads", "data.prefetch",
     "data.max_eval_length", "data.eval_buckets", "data.max_valid_examples", "data.max_test_examples",
-    "foldax.data.synthetic.num_valid", "foldax.data.synthetic.num_test",
+    "data.synthetic.num_valid", "data.synthetic.num_test",
 })
 
 #: Fields holding comma-separated paths: compared after making each path absolute.

@@ -21,7 +21,7 @@ Sources (``data.source``; non-empty ``data.train_files`` always means ``"files"`
   ``foldax train`` stores them absolute in ``config.json``
   (:func:`absolute_data_paths`), so that eval and resume work from anywhere.
 * ``"synthetic"`` -- random sequences with structures sampled exactly from a
-  teacher model (``foldax.data.synthetic``: ``teacher`` = ``"default"`` for
+  teacher model (``data.synthetic``: ``teacher`` = ``"default"`` for
   :func:`layers.default_params`, ``"random"`` for ``init_params`` with
   ``teacher_scale``, or an ``.npz``; ``lengths``; ``num_train``,
   ``num_valid``, ``num_test``; ``seed``), as :mod:`foldax.data.synthetic` does, in
@@ -84,8 +84,8 @@ SMALL_VALID = 20
 #: Config fields holding file paths (comma-separated lists for the ``*_files``), made absolute
 #: by :func:`absolute_data_paths`; the other values these fields take are names, not paths.
 PATH_FIELDS = {"data.train_files": (), "data.valid_files": (), "data.eval_files": (), "data.path": (),
-               "foldax.data.synthetic.teacher": ("default", "random"),
-               "model.init": ("random", "default", "turner2004")}  # the names of layers.params_io.NAMED_PARAMS
+               "data.synthetic.teacher": ("default", "random"),
+               "model.init": ("random",)}  # and the shipped parameter sets' names (_is_name)
 _FILE_KEYS = {"train": "train_files", "valid": "valid_files", "test": "eval_files"}
 #: The splits the grammar's own cleaning rules (``data.noncanonical_pairs``, ``data.long_loops``) apply to.
 GRAMMAR_CLEANED_SPLITS = ("train", "valid")
@@ -113,6 +113,17 @@ def _absolute(path: str, base: str) -> str:
     return os.path.normpath(os.path.join(base, os.path.expanduser(path)))
 
 
+def _is_name(field: str, value: str) -> bool:
+    """Whether a path field's value is a name (``model.init = "turner2004"``), not a path."""
+    if value in PATH_FIELDS.get(field, ()):
+        return True
+    if field == "model.init":
+        from foldax.layers.params_io import ALIASES, shipped_params
+
+        return value in ALIASES or value in shipped_params()
+    return False
+
+
 def absolute_data_paths(config, *, fields=None, base: str | None = None):
     """A copy of ``config`` with its path fields (:data:`PATH_FIELDS`, or just ``fields``)
     made absolute against ``base`` (default: the current directory); globs stay globs.
@@ -136,7 +147,7 @@ def absolute_data_paths(config, *, fields=None, base: str | None = None):
         if node is None or leaf not in node:
             continue
         value = node[leaf]
-        if isinstance(value, str) and value and value not in PATH_FIELDS.get(field, ()):
+        if isinstance(value, str) and value and not _is_name(field, value):
             items = value.split(",") if leaf.endswith("_files") else [value]
             node[leaf] = ",".join(_absolute(p.strip(), base) for p in items if p.strip())
         elif isinstance(value, (list, tuple)):
