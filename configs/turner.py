@@ -1,6 +1,6 @@
 """The Turner 2004 energy model fine-tuned by CLL on ArchiveII (tRNA held out).
 
-Model (:class:`model.TurnerModel`): every table of ViennaRNA 2.x's Turner 2004 parameters
+Model (:class:`foldax.model.TurnerModel`): every table of ViennaRNA 2.x's Turner 2004 parameters
 (kcal/mol, 37 C; the special hairpin energies included) is a parameter, initialised at
 Turner 2004 (``model.init``: ``"turner2004"`` or a ``.par`` / ``.json`` parameter file), with
 an L2 prior toward the initial values, ``model.prior_strength * SUM (theta - theta_0)^2``, added

@@ -1,10 +1,10 @@
 """``foldax fold``: reading inputs, batched folding, and RNAfold-style output.
 
-The folding itself is done by :mod:`layers` (no dynamic programming here), in one
+The folding itself is done by :mod:`foldax.layers` (no dynamic programming here), in one
 compiled program per batch shape (:func:`foldax.programs.fold_batch`: the best or MEA
 structure with its score, log Z, the pair probabilities, the centroid; kept across
 runs by :class:`foldax.programs.FoldPrograms`). Records are grouped by their padded
-length (:func:`layers.bucket_length`, :data:`layers.DEFAULT_BUCKETS`) and each group is
+length (:func:`foldax.layers.bucket_length`, :data:`foldax.layers.DEFAULT_BUCKETS`) and each group is
 folded in batches (:func:`batches`: several only when a group is bigger than
 ``batch_size``; a short last batch is padded to a power of two so that only a few
 programs ever exist per bucket).
@@ -21,7 +21,7 @@ Input (:func:`read_inputs`), in the habits of RNAfold:
   structures become references).
 * sequences given on the command line.
 
-Letters as in :func:`layers.encode`: ``ACGU``, ``T`` (read as ``U``), ``N`` and the
+Letters as in :func:`foldax.layers.encode`: ``ACGU``, ``T`` (read as ``U``), ``N`` and the
 IUPAC codes, any case; printed upper case with ``T`` as ``U``. A positional argument
 that is neither a sequence nor an existing file is reported as such (``no such
 file`` when it looks like a path: it holds ``/``, ``\\``, ``.`` or starts with ``~``).
@@ -91,7 +91,7 @@ class InputRecord:
 class FoldModel:
     """What ``foldax fold`` folds with.
 
-    ``params``: the score tensors or energy tables (anything :mod:`layers` accepts). ``phi_fn``:
+    ``params``: the score tensors or energy tables (anything :mod:`foldax.layers` accepts). ``phi_fn``:
     ``(tokens [B, L], lengths [B]) -> phi [B, L, L]`` extra pair scores (a trained
     neural model's encoder), or None. ``min_hairpin``: the model's own (the default of
     ``--min-hairpin``). ``energy_kT``: None when scores are plain log-scores; ``kT``
@@ -109,7 +109,7 @@ class FoldModel:
     phi_fn: object = None
     min_hairpin: int = 3
     energy_kT: float | None = None
-    description: str = "layers.default_params()"
+    description: str = "foldax.layers.default_params()"
     notes: tuple[str, ...] = ()
 
     @property
@@ -195,7 +195,7 @@ class _Pending:
 
 
 def _check_sequence(raw: str, *, where: str, record: str | None, line_of=None) -> str:
-    """Validates with :func:`layers.encode`; returns the normalised sequence.
+    """Validates with :func:`foldax.layers.encode`; returns the normalised sequence.
 
     ``line_of(pos)`` maps a 0-based position to ``file:line`` for wrapped FASTA.
     """
@@ -531,7 +531,7 @@ def batches(records: Sequence[InputRecord], *, batch_size: int | None = None, ma
             ) -> list[tuple[list[int], int]]:
     """How :func:`fold_records` groups ``records``: ``(indices, padded batch size)`` per batched call.
 
-    Records are grouped by length bucket (:func:`layers.bucket_length`), each group cut into
+    Records are grouped by length bucket (:func:`foldax.layers.bucket_length`), each group cut into
     calls of at most ``batch_size`` (default: as many as fit ``max_cells`` = B x L x L, at most
     64), and a short call is padded up to a power of two, so that few programs exist per bucket.
     """
@@ -556,7 +556,7 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
 
     ``model``: a :class:`FoldModel` (its ``phi_fn``, if any, scores every batch), or
     plain parameters. ``mea``: maximum expected accuracy structure
-    (:func:`layers.mea_structure` with ``gamma``) instead of the best-scoring one.
+    (:func:`foldax.layers.mea_structure` with ``gamma``) instead of the best-scoring one.
     ``partition``: also log Z (and, for an energy model, RNAfold's centroid structure).
     ``probs``: also keep each record's ``[n, n]`` pair probabilities. ``min_hairpin``:
     default the model's. ``batch_size``: at most this many sequences per batched call.

@@ -3,11 +3,12 @@
 A name is looked up in the registry ``layers/data/registry.json`` (:func:`shipped`):
 
 * ``turner2004`` -- the Turner 2004 free energies as ViennaRNA 2.x uses them (RNAfold's);
-* ``stacking`` -- the stacking model trained on all of ArchiveII (its file ships later);
-* ``handset`` -- :func:`layers.default_params`, hand-set stacking scores (no training).
+* ``stacking`` -- the stacking model trained on ArchiveII (``configs/default.py``, random split);
+* ``handset`` (or ``default``) -- :func:`foldax.layers.default_params`, hand-set stacking scores
+  (no training).
 
 :data:`DEFAULT` is what ``foldax fold`` uses without ``--params``. A path may be a ViennaRNA
-``.par`` file (:func:`layers.load_parameter_file`), a ``.json`` Turner table file in the
+``.par`` file (:func:`foldax.layers.load_parameter_file`), a ``.json`` Turner table file in the
 lossless format of ``layers/data/rna_turner2004.json``, or an ``.npz`` of stacking scores
 (``foldax export-params``). :func:`load` returns the parameters with a :class:`Provenance`
 (what they are and where they came from), which ``foldax fold`` prints on stderr.
@@ -77,8 +78,10 @@ def load(spec: str, *, dtype=None):
     ValueError (an unreadable or malformed file, naming it).
     """
     from foldax import layers
+    from foldax.layers.params_io import ALIASES
 
     registry = shipped()
+    spec = ALIASES.get(spec, spec)
     if spec not in registry:
         if not os.path.exists(spec):
             raise FileNotFoundError(f"--params {spec}: neither a shipped parameter set ({', '.join(registry)}) nor "
@@ -98,12 +101,14 @@ def load(spec: str, *, dtype=None):
                             else _par_comment(spec))
     except FileNotFoundError as err:
         raise FileNotFoundError(f"--params {err}") from None
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError) as err:  # their messages start with the file's name
         raise ValueError(f"--params {err}") from None
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"--params {spec}: {err}") from None
     grammar = "turner" if layers.is_energy_params(params) else "stacking"
     if spec in registry:
         entry = registry[spec]
-        source = f"layers.{entry['builtin']}()" if "builtin" in entry else f"layers/data/{entry['file']}"
+        source = f"foldax.layers.{entry['builtin']}()" if "builtin" in entry else f"layers/data/{entry['file']}"
         return params, Provenance(spec, source, grammar, entry["summary"], details)
     summary = {"turner": "Turner-model free energies", "stacking": "stacking-model scores"}[grammar]
     return params, Provenance(None, spec, grammar, f"{summary} from a file", details)

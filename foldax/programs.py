@@ -1,16 +1,16 @@
 """Compiled fold programs for ``foldax fold``: one XLA program per batch shape, kept across runs.
 
 Everything ``foldax fold`` prints for a batch comes out of one jit-compiled function,
-:func:`fold_batch`, built from the public :mod:`layers` functions:
+:func:`fold_batch`, built from the public :mod:`foldax.layers` functions:
 
 * the best structure and its score together, as ``jax.value_and_grad`` of
-  :func:`layers.max_score` with respect to ``phi``: the value is ``max_s score(s)``
+  :func:`foldax.layers.max_score` with respect to ``phi``: the value is ``max_s score(s)``
   and the gradient the 0/1 indicator of the best structure's pairs (what
-  :func:`layers.best_structure` computes);
+  :func:`foldax.layers.best_structure` computes);
 * with ``-p``, ``log Z`` and the pair probabilities ``P = d log Z / d phi`` in one
-  inside + outside pass (what :func:`layers.log_partition` and
-  :func:`layers.pair_probs` compute), then the MEA structure
-  (:func:`layers.mea_structure`) and, for an energy model, the centroid structure
+  inside + outside pass (what :func:`foldax.layers.log_partition` and
+  :func:`foldax.layers.pair_probs` compute), then the MEA structure
+  (:func:`foldax.layers.mea_structure`) and, for an energy model, the centroid structure
   (pairs with ``P > 1/2``) and the free energies of the structures it prints
   (:func:`foldax.layers.free_energy`, RNAfold's ``eval_structure``).
 
@@ -23,7 +23,7 @@ the first: each compiled program is saved, with
 program runs its code) and loaded back in a fraction of a second. Its file name is a
 hash of everything the program depends on (:func:`program_key`: the request, the
 shapes and dtypes of the inputs, the parameters' tree, the devices and the CPU, the
-versions of JAX and jaxlib, and the source code of :mod:`layers` and of this module),
+versions of JAX and jaxlib, and the source code of :mod:`foldax.layers` and of this module),
 so an edit or an upgrade makes new programs, never stale ones.
 
 Why not JAX's persistent compilation cache (``jax_compilation_cache_dir``)? It skips
@@ -33,7 +33,7 @@ Function ... not found``, jax 0.12). So a program compiled from JAX's cache (whe
 user enabled it) is not saved here, and a saved program that fails on its first run
 is deleted and compiled again.
 
-Shapes come in buckets (:data:`layers.DEFAULT_BUCKETS`: a 100-nt sequence runs in the
+Shapes come in buckets (:data:`foldax.layers.DEFAULT_BUCKETS`: a 100-nt sequence runs in the
 128 program) and batch sizes are powers of two, so a new length or a new file
 reuses programs. A batch of ``B >= 2`` sequences is split over the local devices
 (one per core on CPU, :mod:`foldax.layers.devices`): the program is compiled for that mesh.
@@ -69,7 +69,7 @@ class Request:
     pair probabilities. ``centroid``: also RNAfold's centroid structure, its distance
     and its score (energy models with ``-p``). ``energy``: the parameters are Turner
     energy tables; also the free energies of the structures (:func:`fold_batch`).
-    ``min_hairpin``: as in :mod:`layers`.
+    ``min_hairpin``: as in :mod:`foldax.layers`.
     """
 
     decoder: str = "mfe"
@@ -123,7 +123,7 @@ def fold_batch(params, tokens, lengths, phi, gamma, *, request: Request) -> dict
     """Everything printed for a batch ``tokens [B, L]`` (traced; see the module docstring).
 
     Returns a dict: ``structure [B, L]`` (int32, -1 unpaired or padding) and ``score [B]``
-    (its log-weight, :func:`layers.structure_score`); with ``partition`` ``log_z [B]``;
+    (its log-weight, :func:`foldax.layers.structure_score`); with ``partition`` ``log_z [B]``;
     with ``probs`` ``probs [B, L, L]``; with ``centroid`` ``centroid [B, L]``,
     ``centroid_score [B]`` and ``centroid_distance [B]`` (the expected base-pair distance
     of the centroid to the ensemble, RNAfold's ``d``). With ``energy`` (Turner
@@ -200,7 +200,7 @@ def cache_dir(environ=None) -> Path | None:
 
 @functools.lru_cache(maxsize=1)
 def _source_digest() -> str:
-    """SHA-256 of the source of :mod:`layers` and of this module: programs depend on both."""
+    """SHA-256 of the source of :mod:`foldax.layers` and of this module: programs depend on both."""
     from foldax import layers
 
     digest = hashlib.sha256()

@@ -15,7 +15,7 @@ arrays that the grammar names with :class:`View` -- and a semiring ``sr``
   adjoints of its views come out and are added back into adjoint charts at the same
   places. Memory stays O(L^2) per sequence; a grammar writes no adjoint code;
 * gets the best structure from the max semiring and exact samples from
-  :class:`~layers.semiring.SampleSemiring` in the same outside pass (the "gradient" is a
+  :class:`~foldax.layers.semiring.SampleSemiring` in the same outside pass (the "gradient" is a
   one-hot choice), and second derivatives from ``jax.jvp`` of inside + outside
   (forward mode through both loops, O(L^2) memory; see :func:`value`).
 

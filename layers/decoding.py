@@ -15,7 +15,7 @@ Everything here reuses the chart engine (``chart.py``); nothing has its own O(n^
   stochastic traceback through the inside charts.
 
 All functions are jit-compiled, take ``[n]`` or padded ``[B, L]`` inputs with
-``lengths`` like :func:`layers.log_partition`, and return pair tables (int32,
+``lengths`` like :func:`foldax.layers.log_partition`, and return pair tables (int32,
 partner or -1, -1 on padding) or ``[.., L, L]`` matrices (0 on padding).
 """
 
@@ -65,7 +65,7 @@ def _pair_probs(params, tokens, lengths, phi, *, min_hairpin, num_chunks):
 def pair_probs(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chunks=DEFAULT_NUM_CHUNKS):
     """Base-pair probabilities ``P[i, j] = SUM_{s containing (i,j)} p(s | x)``.
 
-    Arguments as for :func:`layers.log_partition`. Returns ``[n, n]`` (or ``[B, L, L]``):
+    Arguments as for :func:`foldax.layers.log_partition`. Returns ``[n, n]`` (or ``[B, L, L]``):
     symmetric, zero on the diagonal, below ``min_hairpin`` and on padding; each row sums
     to ``p(i paired) <= 1``. Cost: one inside and one outside pass.
 
@@ -101,7 +101,7 @@ def _best_structure(params, tokens, lengths, phi, *, min_hairpin, num_chunks):
 def best_structure(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chunks=DEFAULT_NUM_CHUNKS):
     """The highest-scoring structure ``argmax_s score(s)`` as a pair table.
 
-    Arguments as for :func:`layers.max_score`; its :func:`layers.structure_score` equals
+    Arguments as for :func:`foldax.layers.max_score`; its :func:`foldax.layers.structure_score` equals
     ``max_score``. Ties are broken deterministically by the max semiring (the first
     alternative of each arg-max: a base left unpaired before a pair, the smallest split
     point, stacking before a loop). Returns int32 ``[n]`` (or ``[B, L]``, -1 on padding).
@@ -206,7 +206,7 @@ def sample_structures(key, params, tokens, num_samples, lengths=None, *, phi=Non
     Args:
       key: a JAX PRNG key.
       num_samples: static int.
-      params, tokens, lengths, phi, min_hairpin: as for :func:`layers.log_partition`.
+      params, tokens, lengths, phi, min_hairpin: as for :func:`foldax.layers.log_partition`.
 
     Returns:
       int32 pair tables ``[num_samples, n]`` (or ``[B, num_samples, L]``, -1 on padding).

@@ -2,8 +2,8 @@
 
 XLA runs the DP's many small per-diagonal operations on one thread per device, so a
 plain CPU process uses one core. Started with one CPU device per core, the batched
-public functions (:func:`layers.log_partition`, :func:`layers.pair_probs`,
-:func:`layers.best_structure`, ...) split a batch over the devices themselves
+public functions (:func:`foldax.layers.log_partition`, :func:`foldax.layers.pair_probs`,
+:func:`foldax.layers.best_structure`, ...) split a batch over the devices themselves
 (:func:`over_local_devices`); nothing else changes. The device count is fixed when JAX
 starts (its first computation), hence the one-liner at the top of a script::
 

@@ -72,7 +72,7 @@ prepares a parameter set (positive entries, e.g. in Langdon 2018, act as 0 in it
 partition function alike); :func:`load_parameter_file` applies that clip, so the tables hold the
 energies ViennaRNA uses and every evaluator uses them as they are.
 
-N entries: N (and every IUPAC code, see :func:`layers.encode`) is token 4 and is ViennaRNA's base
+N entries: N (and every IUPAC code, see :func:`foldax.layers.encode`) is token 4 and is ViennaRNA's base
 0. It pairs with nothing, but as a mismatch/dangle/loop neighbour it indexes the tables' N entries,
 which carry ViennaRNA's values (for ``int22``, ViennaRNA derives them from the ACGU entries when a
 file is read, as the most unfavourable value over the bases N stands for; this module does the same).

@@ -5,7 +5,7 @@ A plain Python/NumPy loop decomposition, written from the model's definition (Vi
 oracle of the JAX evaluator (:mod:`foldax.layers.energy`) and of the DP. All energies in kcal/mol.
 
 A nested secondary structure decomposes into loops; ``E(s)`` is the sum of their energies.
-With ``t(p, q)`` the pair type of (x_p, x_q) (:data:`~layers.energy_params.PAIR_INDEX`),
+With ``t(p, q)`` the pair type of (x_p, x_q) (:data:`~foldax.layers.energy_params.PAIR_INDEX`),
 ``AU(t)`` = ``terminal_au`` if t is AU, UA, GU or UG (else 0), and ``ext(n) = lxc * ln(n / 30)``:
 
 * **hairpin** closed by (i, j), u = j - i - 1 unpaired:
@@ -43,7 +43,7 @@ Boltzmann factors that differ in two places, reproduced by ``pf=True``:
 
 ``sum_s exp(-E_pf(s)/kT)`` over all structures is then ViennaRNA's partition function. (ViennaRNA
 also clips ``mismatch_multi``, ``mismatch_exterior``, ``dangle5`` and ``dangle3`` at zero, in eval
-and partition function alike; :func:`~layers.energy_params.load_parameter_file` applies that clip
+and partition function alike; :func:`~foldax.layers.energy_params.load_parameter_file` applies that clip
 when it reads a file, so the tables here are used as they are.)
 
 Structures with a pair that is not AU, CG, GU (either orientation) get +inf; a loop that uses a
@@ -260,7 +260,7 @@ def reference_loop_energies(params, sequence, structure, *, pf: bool = False) ->
     """The loops of ``structure`` on ``sequence`` with their energies (kcal/mol), exterior loop first,
     then the loop closed by each pair in order of its 5' position.
 
-    ``sequence``: a string (read by :func:`layers.encode`: T = U, IUPAC codes = N) or tokens;
+    ``sequence``: a string (read by :func:`foldax.layers.encode`: T = U, IUPAC codes = N) or tokens;
     ``structure``: dot-bracket, pair table or list of 0-based (i, j) pairs (nested).
     ``pf=True`` gives the partition-function version of each loop (see the module docstring).
     """
@@ -315,7 +315,7 @@ def _is_numpy(params) -> bool:
 def enumerate_turner_structures(sequence, *, min_hairpin: int = 3, max_loop: int = MAX_LOOP):
     """Every structure of the Turner grammar on ``sequence``, as tuples of 0-based pairs.
 
-    Nested, canonical pairs only (:data:`~layers.energy_params.PAIR_INDEX`), at least
+    Nested, canonical pairs only (:data:`~foldax.layers.energy_params.PAIR_INDEX`), at least
     ``min_hairpin`` unpaired bases in every hairpin, at most ``max_loop`` unpaired bases in every
     bulge or interior loop (ViennaRNA's folding space with ``RNA.md()`` defaults). Exponential:
     for short sequences (n <= ~18).

@@ -88,8 +88,8 @@ def free_energy(params, tokens, structure, lengths=None):
     """``E(s)`` in kcal/mol of ``structure`` on ``tokens`` (ViennaRNA's ``eval_structure``).
 
     Args:
-      params: Turner energy tables (:func:`layers.turner2004`).
-      tokens: int ``[n]`` or ``[B, L]`` (see :func:`layers.encode`, :func:`layers.encode_batch`).
+      params: Turner energy tables (:func:`foldax.layers.turner2004`).
+      tokens: int ``[n]`` or ``[B, L]`` (see :func:`foldax.layers.encode`, :func:`foldax.layers.encode_batch`).
       structure: a dot-bracket string (or a list of them), or int pair tables of the tokens'
         shape (partner or -1).
       lengths: int ``[B]`` for batched tokens.
@@ -109,7 +109,7 @@ def free_energy(params, tokens, structure, lengths=None):
 def ensemble_free_energy(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chunks=None):
     """``G = -kT log Z`` in kcal/mol (ViennaRNA's ``fc.pf()`` with ``md.pf_smooth = 0``).
 
-    Same arguments as :func:`layers.log_partition` (``phi`` adds ``-kT phi`` to a pair's energy,
+    Same arguments as :func:`foldax.layers.log_partition` (``phi`` adds ``-kT phi`` to a pair's energy,
     like ViennaRNA's soft constraint ``fc.sc_add_bp(i + 1, j + 1, -kT phi[i, j])``).
     """
     _require_energy_params(params, "ensemble_free_energy")

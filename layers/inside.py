@@ -192,7 +192,7 @@ def log_partition(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_
     Args:
       params: mapping with ``stack [5,5,5,5]``, ``pair [5,5]``, ``unpaired [5]``, ``loop []``
         (float32 or float64; the result has their dtype).
-      tokens: int ``[n]`` (see :func:`layers.encode`) or ``[B, L]`` (see :func:`layers.encode_batch`).
+      tokens: int ``[n]`` (see :func:`foldax.layers.encode`) or ``[B, L]`` (see :func:`foldax.layers.encode_batch`).
       lengths: int ``[B]`` with ``0 <= lengths <= L`` (batched only; default: all ``L``).
         Tokens past a sequence's length never change its result.
       phi: optional extra pair potentials ``[n, n]`` or ``[B, L, L]`` (entry ``[i, j]``, ``i < j``).

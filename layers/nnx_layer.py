@@ -1,8 +1,8 @@
 """The inside algorithm as a Flax layer, for either grammar: :class:`InsideLayer` (NNX) and its Linen form.
 
 :class:`InsideLayer` owns a grammar's parameters as ``nnx.Param`` s and offers every function
-of :mod:`layers` as a method, with its own parameters filled in. The parameters pick the
-grammar (as everywhere in :mod:`layers`):
+of :mod:`foldax.layers` as a method, with its own parameters filled in. The parameters pick the
+grammar (as everywhere in :mod:`foldax.layers`):
 
 * **stacking** (``InsideLayer(rngs=nnx.Rngs(0))`` or ``params="default"``): the four score
   tensors of :mod:`foldax.layers.stacking`, natural-log scores:
@@ -33,7 +33,7 @@ grammar (as everywhere in :mod:`layers`):
   ``+inf`` entries back.
 
 Methods (``tokens`` ``[n]`` or ``[B, L]`` with ``lengths``, optional ``phi``; see the functions
-of the same names in :mod:`layers`): ``__call__`` (``log Z``), :meth:`~InsideLayer.max_score`,
+of the same names in :mod:`foldax.layers`): ``__call__`` (``log Z``), :meth:`~InsideLayer.max_score`,
 :meth:`~InsideLayer.structure_score`, :meth:`~InsideLayer.log_prob`,
 :meth:`~InsideLayer.pair_probs`, :meth:`~InsideLayer.best_structure`,
 :meth:`~InsideLayer.mea_structure`, :meth:`~InsideLayer.sample_structures` and, for Turner
@@ -44,14 +44,14 @@ Initialisation (pick one):
 
 * ``InsideLayer(rngs=nnx.Rngs(0))`` -- stacking scores i.i.d. ``N(0, init_scale^2)``
   (``init_scale=0.1``), drawn from the ``params`` stream exactly as
-  :func:`layers.init_params` ``(rngs.params(), scale=init_scale)``;
+  :func:`foldax.layers.init_params` ``(rngs.params(), scale=init_scale)``;
 * ``InsideLayer(params=...)`` -- from given values: a mapping (either grammar, e.g.
-  :func:`layers.turner2004` ``()``), or a name or file for :func:`layers.load_params`
+  :func:`foldax.layers.turner2004` ``()``), or a name or file for :func:`foldax.layers.load_params`
   (``"default"``, ``"turner2004"``, ``.json``, ``.npz``, ``.par``).
 
 ``min_hairpin`` and ``num_chunks`` are static (plain Python attributes, part of the graph
 definition, never traced). Fewer ``num_chunks`` compile faster; the default ``None`` is
-:func:`layers.log_partition`'s automatic choice by length.
+:func:`foldax.layers.log_partition`'s automatic choice by length.
 
 The Linen form, :func:`LinenInsideLayer` (``flax.nnx.bridge.to_linen``), takes the same
 constructor arguments as Linen attributes and keeps the parameters in the ``params``
@@ -133,11 +133,11 @@ class InsideLayer(nnx.Module):
       rngs: ``nnx.Rngs`` for random stacking scores (its ``params`` stream); ignored when
         ``params`` is given.
       params: initial values instead: a mapping of either grammar (stacking scores, or Turner
-        energy tables such as :func:`layers.turner2004` ``()``), or a name / file for
-        :func:`layers.load_params` (``"default"``, ``"turner2004"``, ``.json``, ``.npz``, ``.par``).
+        energy tables such as :func:`foldax.layers.turner2004` ``()``), or a name / file for
+        :func:`foldax.layers.load_params` (``"default"``, ``"turner2004"``, ``.json``, ``.npz``, ``.par``).
       init_scale: standard deviation of the random initialisation.
       min_hairpin: static ``h``: a pair (i, j) needs ``j - i > h``.
-      num_chunks: static; see :func:`layers.log_partition`.
+      num_chunks: static; see :func:`foldax.layers.log_partition`.
       param_dtype: dtype of the parameters (float32 default; float64 needs x64).
 
     Attributes (static): ``grammar`` (``"stacking"`` or ``"turner"``), ``param_names`` (the
@@ -192,7 +192,7 @@ class InsideLayer(nnx.Module):
         return self.grammar == "turner"
 
     def params_dict(self) -> dict:
-        """The current parameters in the format of :mod:`layers` (Turner: ``+inf`` entries restored,
+        """The current parameters in the format of :mod:`foldax.layers` (Turner: ``+inf`` entries restored,
         ``special_hairpins`` as ``{sequence: energy}``)."""
         out = {name: getattr(self, name)[...] for name in self.param_names}
         for name, entries in self.forbidden:
@@ -220,30 +220,30 @@ class InsideLayer(nnx.Module):
         return max_score(self.params_dict(), tokens, lengths, phi=phi, **self._kw())
 
     def structure_score(self, tokens, pair_table, lengths=None, *, phi=None):
-        """``score(s)`` of given structures (:func:`layers.structure_score`; Turner: ``-E(s)/kT``)."""
+        """``score(s)`` of given structures (:func:`foldax.layers.structure_score`; Turner: ``-E(s)/kT``)."""
         return _structure.structure_score(self.params_dict(), tokens, pair_table, lengths, phi=phi,
                                          **self._kw(chunks=False))
 
     def log_prob(self, tokens, pair_table, lengths=None, *, phi=None):
-        """``log p(s | x) = score(s) - log Z(x)`` (:func:`layers.log_prob`)."""
+        """``log p(s | x) = score(s) - log Z(x)`` (:func:`foldax.layers.log_prob`)."""
         return _structure.log_prob(self.params_dict(), tokens, pair_table, lengths, phi=phi, **self._kw())
 
     def pair_probs(self, tokens, lengths=None, *, phi=None):
-        """Base-pair probabilities ``[n, n]`` / ``[B, L, L]`` (:func:`layers.pair_probs`)."""
+        """Base-pair probabilities ``[n, n]`` / ``[B, L, L]`` (:func:`foldax.layers.pair_probs`)."""
         return _decoding.pair_probs(self.params_dict(), tokens, lengths, phi=phi, **self._kw())
 
     def best_structure(self, tokens, lengths=None, *, phi=None):
-        """The highest-scoring structure as a pair table (:func:`layers.best_structure`; Turner: the MFE)."""
+        """The highest-scoring structure as a pair table (:func:`foldax.layers.best_structure`; Turner: the MFE)."""
         return _decoding.best_structure(self.params_dict(), tokens, lengths, phi=phi, **self._kw())
 
     def mea_structure(self, tokens, lengths=None, *, phi=None, gamma=1.0):
         """The maximum expected accuracy structure of this layer's pair probabilities
-        (:func:`layers.mea_structure` of :meth:`pair_probs`)."""
+        (:func:`foldax.layers.mea_structure` of :meth:`pair_probs`)."""
         probs = self.pair_probs(tokens, lengths, phi=phi)
         return _decoding.mea_structure(probs, lengths, gamma=gamma, **self._kw())
 
     def sample_structures(self, key, tokens, num_samples, lengths=None, *, phi=None):
-        """``num_samples`` exact samples from ``p(s | x)`` (:func:`layers.sample_structures`)."""
+        """``num_samples`` exact samples from ``p(s | x)`` (:func:`foldax.layers.sample_structures`)."""
         return _decoding.sample_structures(key, self.params_dict(), tokens, num_samples, lengths, phi=phi,
                                           **self._kw())
 
@@ -253,7 +253,7 @@ class InsideLayer(nnx.Module):
         return _free_energy(self.params_dict(), tokens, structure, lengths)
 
     def ensemble_free_energy(self, tokens, lengths=None, *, phi=None):
-        """``-kT log Z`` in kcal/mol (:func:`layers.ensemble_free_energy`); Turner tables only."""
+        """``-kT log Z`` in kcal/mol (:func:`foldax.layers.ensemble_free_energy`); Turner tables only."""
         self._require_energy("ensemble_free_energy")
         return _ensemble_free_energy(self.params_dict(), tokens, lengths, phi=phi, **self._kw())
 

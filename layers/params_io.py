@@ -1,18 +1,18 @@
 """Parameter files of either grammar: :func:`load_params` and :func:`save_params`.
 
 ``load_params(name_or_path)`` returns the parameter pytree that every function of
-:mod:`layers` takes (the grammar follows from the keys, see :func:`layers.is_energy_params`):
+:mod:`foldax.layers` takes (the grammar follows from the keys, see :func:`foldax.layers.is_energy_params`):
 
 ==================  ==========================================================================
 a shipped name      :func:`shipped_params` (``layers/data/registry.json``): ``"turner2004"``
                     (ViennaRNA 2.x's default energies, RNAfold's), ``"stacking"`` (the stacking
                     model trained on ArchiveII), ``"handset"`` or ``"default"``
-                    (:func:`layers.default_params`), ...
+                    (:func:`foldax.layers.default_params`), ...
 ``*.json``          a file :func:`save_params` wrote (either grammar, lossless, with provenance),
                     or the packaged energy format ``foldax-energy-params-1`` (integer dcal/mol)
 ``*.npz``           stacking scores (``stack pair unpaired loop``, as ``foldax export-params``
                     writes them) or Turner tables written by :func:`save_params`
-``*.par``           a ViennaRNA 2.0 parameter file (:func:`layers.load_parameter_file`)
+``*.par``           a ViennaRNA 2.0 parameter file (:func:`foldax.layers.load_parameter_file`)
 ==================  ==========================================================================
 
 ``foldax fold --params NAME|FILE`` reads the same names and files.
@@ -103,7 +103,7 @@ def load_params(name_or_path, *, dtype=jnp.float32) -> dict:
 
     Returns:
       a dict of arrays: the stacking scores ``stack pair unpaired loop`` or the Turner energy
-      tables (with the dict ``special_hairpins``), checked by :func:`layers.check_params`.
+      tables (with the dict ``special_hairpins``), checked by :func:`foldax.layers.check_params`.
 
     Raises:
       FileNotFoundError for a missing file (or an unknown name), ValueError naming the file
@@ -284,7 +284,7 @@ def save_params(params, path, *, provenance: Mapping | None = None) -> None:
       commit, metrics, ...);
     * ``.npz`` -- lossless; provenance as the JSON string array ``__provenance__``;
     * ``.par`` -- Turner tables only: a ViennaRNA 2.0 parameter file
-      (:func:`layers.save_parameter_file`; energies rounded to 0.01 kcal/mol), provenance in a
+      (:func:`foldax.layers.save_parameter_file`; energies rounded to 0.01 kcal/mol), provenance in a
       comment. ``RNA.params_load`` and :func:`load_params` read it.
 
     Parameters holding NaN (or ``-inf``) are refused with a ``ValueError``.

@@ -191,7 +191,7 @@ def structure_score(params, tokens, pair_table, lengths=None, *, phi=None, min_h
     """``score(s)`` of the structure(s) ``pair_table`` (see the module docstring).
 
     Args:
-      params, tokens, lengths, phi, min_hairpin: as for :func:`layers.log_partition`.
+      params, tokens, lengths, phi, min_hairpin: as for :func:`foldax.layers.log_partition`.
       pair_table: int ``[n]`` or ``[B, L]``: partner index or -1 (see ``foldax.layers.dotbracket``);
         entries at positions ``>= lengths[b]`` are ignored (pad with -1).
 

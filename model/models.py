@@ -3,7 +3,7 @@
 Every model exposes the same small interface, used by the loss, decoding and
 training code (:mod:`foldax.model.loss`, :mod:`foldax.model.decoding`, :mod:`foldax.train.train`):
 
-* ``model.inside`` -- its :class:`~layers.nnx_layer.InsideLayer` (the four
+* ``model.inside`` -- its :class:`~foldax.layers.nnx_layer.InsideLayer` (the four
   score tensors; ``min_hairpin`` and ``num_chunks`` are static);
 * ``model.scores(tokens, lengths) -> (params, phi)`` -- the score tensors as a
   dict and the extra pair potentials ``phi [B, L, L]`` (``None`` for the
@@ -24,7 +24,7 @@ Models:
   DP through :func:`foldax.layers.nnx_layer.LinenInsideLayer`.
 * :class:`TurnerModel` (``"turner"``) -- the Turner 2004 energy tables (every table and the
   special hairpin energies are ``nnx.Param`` s; ``+inf`` entries are not parameters, see
-  :class:`~layers.nnx_layer.InsideLayer`), initialised at Turner 2004 or at a parameter file,
+  :class:`~foldax.layers.nnx_layer.InsideLayer`), initialised at Turner 2004 or at a parameter file,
   with an L2 prior toward those initial values (:meth:`TurnerModel.prior_penalty`, added to
   the loss by :func:`foldax.model.loss.cll_loss`).
 * :class:`TurnerNeuralModel` (``"turner_neural"``) -- :class:`TurnerModel` plus the
@@ -90,7 +90,7 @@ class _EncoderScores:
 class StackingModel(nnx.Module):
     """The score tensors alone (``phi = None``).
 
-    Args: those of :class:`~layers.nnx_layer.InsideLayer` (``rngs``,
+    Args: those of :class:`~foldax.layers.nnx_layer.InsideLayer` (``rngs``,
     ``params``, ``init_scale``, ``min_hairpin``, ``num_chunks``).
     """
 
@@ -150,7 +150,7 @@ class NeuralPhiModel(_EncoderScores, nnx.Module):
 
 
 class LinenNeuralPhiModel(nn.Module):
-    """:class:`NeuralPhiModel` in Linen; the DP runs in :func:`~layers.nnx_layer.LinenInsideLayer`.
+    """:class:`NeuralPhiModel` in Linen; the DP runs in :func:`~foldax.layers.nnx_layer.LinenInsideLayer`.
 
     ``__call__(tokens, lengths, pair_table=None)`` returns a dict with ``log_z
     [B]``, ``phi [B, L, L]`` and, given ``pair_table``, ``score [B]`` (the
@@ -235,7 +235,7 @@ class TurnerModel(nnx.Module):
 
     Args:
       params: the initial tables: ``"turner2004"`` (default), a mapping of energy tables, or a
-        parameter file (``.par``, ``.json``; :func:`layers.load_params`).
+        parameter file (``.par``, ``.json``; :func:`foldax.layers.load_params`).
       prior_strength: ``lambda`` of :meth:`prior_penalty` (nats/nt per (kcal/mol)^2; 0: no prior).
       prior_mean: the tables the prior pulls toward (same forms as ``params``; default: ``params``).
       min_hairpin, num_chunks, param_dtype: of the inside layer.
@@ -310,9 +310,9 @@ def create_model(config, rngs: nnx.Rngs):
     ``kernel_size``, ``num_layers``, ``pair_features``; for the Turner models ``prior_strength``.
 
     ``init``: for ``stacking`` / ``neural`` ``"random"``, ``"default"``
-    (:func:`layers.default_params`) or a parameter file of stacking scores (``.npz``, ``.json``);
+    (:func:`foldax.layers.default_params`) or a parameter file of stacking scores (``.npz``, ``.json``);
     for the Turner models ``"turner2004"`` or a file of energy tables (``.par``, ``.json``, ``.npz``;
-    :func:`layers.load_params`).
+    :func:`foldax.layers.load_params`).
     """
     get = config.get if hasattr(config, "get") else (lambda k, d=None: getattr(config, k, d))
     name = get("name", "stacking")

@@ -558,8 +558,10 @@ def no_jax_cache():
 @pytest.fixture
 def jax_cache(tmp_path):
     before = _jax_cache_as(str(tmp_path / "jax"), True)
+    min_time = jax.config.jax_persistent_cache_min_compile_time_secs
     yield tmp_path / "jax"
     _jax_cache_as(*before)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_time)
 
 
 def test_programs_are_kept_on_disk_and_reloaded(tmp_path, capsys, monkeypatch, no_jax_cache):

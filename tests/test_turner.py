@@ -490,11 +490,10 @@ def test_dot_bracket_shorter_than_its_sequence_is_refused(turner64):
         layers.free_energy(turner64, layers.encode("GGGGAAACCCC"), "(((...)))")
 
 
-@pytest.mark.xfail(strict=True, reason="InsideLayer(params=turner2004()) fails with \"float() argument must be ... "
-                   "not 'dict'\"; the lead decides: a clear error, or the planned Turner layer")
-def test_stacking_layer_refuses_turner_tables():
-    with pytest.raises((TypeError, ValueError), match="(?i)turner|stacking|energy"):
-        layers.InsideLayer(params=layers.turner2004())
+def test_inside_layer_takes_turner_tables():
+    layer = layers.InsideLayer(params=layers.turner2004())
+    x = layers.encode("GGGGAAACCCC")
+    assert layer.is_energy and float(layer(x)) == pytest.approx(float(layers.log_partition(layers.turner2004(), x)))
 
 
 # --------------------------------------------------------------------------- #

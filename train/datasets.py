@@ -22,7 +22,7 @@ Sources (``data.source``; non-empty ``data.train_files`` always means ``"files"`
   (:func:`absolute_data_paths`), so that eval and resume work from anywhere.
 * ``"synthetic"`` -- random sequences with structures sampled exactly from a
   teacher model (``data.synthetic``: ``teacher`` = ``"default"`` for
-  :func:`layers.default_params`, ``"random"`` for ``init_params`` with
+  :func:`foldax.layers.default_params`, ``"random"`` for ``init_params`` with
   ``teacher_scale``, or an ``.npz``; ``lengths``; ``num_train``,
   ``num_valid``, ``num_test``; ``seed``), as :mod:`foldax.data.synthetic` does, in
   batches per length.

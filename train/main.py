@@ -8,7 +8,7 @@ Usage (also as ``foldax train|eval|export-params ...``, which forwards here)::
 
 ``--config FILE[:ARG]`` is a Python file with ``get_config()`` (or
 ``get_config(ARG)``) returning an ``ml_collections.ConfigDict``, or the name of
-one of the shipped configs (``default``, ``tiny``, ``synthetic``, ``neural``;
+one of the shipped configs (``default``, ``tiny``, ``synthetic``, ``neural``, ``turner``;
 ``configs/tiny.py`` also works from any directory, see
 :func:`resolve_config_file`); options ``--config.a.b=VALUE`` (or
 ``--config.a.b VALUE``) override fields, parsed to the field's type as
@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "latest checkpoint; the result is bit-identical to an uninterrupted run). Writes config.json,\n"
                     "checkpoints/, metrics.jsonl, TensorBoard events and summary.json (test metrics of the best\n"
                     "checkpoint). SIGTERM saves a checkpoint and stops.")
-    train.add_argument("--config", help="config: a shipped name (default, tiny, synthetic, neural), or a .py file "
+    train.add_argument("--config", help="config: a shipped name (default, tiny, synthetic, neural, turner), or a .py file "
                                         "with get_config() (FILE[:ARG]); default: the workdir's config.json")
     train.add_argument("--workdir", required=True, help="output folder (created; an existing run is resumed)")
     train.add_argument("--coordinator_address", "--coordinator-address", default=None,
@@ -193,9 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--config", help="config (name or file) to use instead of the workdir's config.json")
     ev.add_argument("--split", default="test", choices=("train", "valid", "test"))
     ev.add_argument("--checkpoint", default="best", choices=("best", "latest"))
-    ex = sub.add_parser("export-params", help="write the score tensors of a run to an .npz (for layers/foldax fold)")
+    ex = sub.add_parser("export-params", help="write the parameters of a run to a file (.npz, .json, .par) for foldax fold --params and foldax.layers.load_params")
     ex.add_argument("--workdir", required=True)
-    ex.add_argument("--out", "--output", dest="out", default=None, help="output .npz (default WORKDIR/params.npz)")
+    ex.add_argument("--out", "--output", dest="out", default=None, help="output .npz, .json or .par (Turner tables; RNAfold -P) (default WORKDIR/params.npz)")
     ex.add_argument("--checkpoint", default="best", choices=("best", "latest"))
     return parser
 
@@ -231,7 +231,6 @@ def _init_distributed(args):
 def _setup_logging():
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("foldax").setLevel(logging.INFO)
-    logging.getLogger("train").setLevel(logging.INFO)
     try:
         from absl import logging as absl_logging
 

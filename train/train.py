@@ -1069,16 +1069,20 @@ def evaluate_checkpoint(workdir: str, *, split: str = "test", which: str = "best
 def export_params(workdir: str, out: str, *, which: str = "best") -> str:
     """Writes the ``which`` checkpoint's parameters (the inside layer's) to ``out``; returns ``out``.
 
-    The extension picks the format (:func:`layers.save_params`): ``.npz`` -- for the stacking
-    grammar the float32 ``stack pair unpaired loop`` as before, for Turner tables a lossless
-    ``.npz`` with provenance; ``.json`` -- lossless, with provenance (either grammar); ``.par``
+    The extension picks the format (:func:`foldax.layers.save_params`): ``.npz`` -- lossless,
+    with provenance (for the stacking grammar the float32 ``stack pair unpaired loop``);
+    ``.json`` -- lossless, with provenance (either grammar); ``.par``
     -- Turner tables as a ViennaRNA parameter file (rounded to 0.01 kcal/mol). The provenance
     names the workdir, checkpoint, step, its validation metrics, the model and data config and
-    the foldax commit. :func:`layers.load_params` reads all of them back. A neural model's
+    the foldax commit. :func:`foldax.layers.load_params` reads all of them back. A neural model's
     ``phi`` network is not exported (a warning says so).
     """
     from foldax import layers
 
+    ext = os.path.splitext(out)[1].lower()
+    if ext not in (".npz", ".json", ".par"):
+        raise ValueError(f"--out {out}: unknown parameter file type {ext or '(no extension)'!r}; use .npz, .json or "
+                         f".par")
     config, mesh, manager, graphdef, state, step = restore_for_inference(workdir, which)
     try:
         model = nnx.merge(graphdef, state)[0]
@@ -1089,32 +1093,39 @@ def export_params(workdir: str, out: str, *, which: str = "best") -> str:
     name = config.model.get("name", "stacking")
     if name not in ("stacking", "turner"):
         log.warning("model %s: only the score tensors are exported; its phi network is not", name)
-    ext = os.path.splitext(out)[1].lower()
     if jax.process_index() == 0:
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        if not layers.is_energy_params(params) and ext == ".npz":
-            np.savez(out, **{k: np.asarray(params[k], dtype=np.float32) for k in PARAM_NAMES})
-        else:
-            layers.save_params(params, out, provenance=_export_provenance(config, workdir, which, step, metrics))
+        if not layers.is_energy_params(params):
+            params = {k: np.asarray(params[k], dtype=np.float32) for k in PARAM_NAMES}
+        layers.save_params(params, out, provenance=_export_provenance(config, workdir, which, step, metrics))
     return out
 
 
 def _export_provenance(config, workdir: str, which: str, step: int, metrics) -> dict:
-    """Where exported parameters came from (stored in the file by :func:`layers.save_params`)."""
+    """Where exported parameters came from (stored in the file by :func:`foldax.layers.save_params`)."""
     import datetime
     import subprocess
 
     commit = ""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
-                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:  # only foldax's own checkout: an installed foldax may sit inside some other git repository
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=here, capture_output=True,
+                             text=True, timeout=10, check=True).stdout.split()
+        if len(top) == 2 and os.path.isfile(os.path.join(top[0], "layers", "chart.py")):
+            commit = top[1]
     except (OSError, subprocess.SubprocessError):
         pass
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        foldax_version = version("foldax")
+    except PackageNotFoundError:
+        foldax_version = ""
     saved = json.loads(config.to_json_best_effort())
     return {
         "written_by": "foldax export-params",
         "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "foldax_commit": commit,
+        "foldax_version": foldax_version,
         "workdir": os.path.abspath(workdir),
         "checkpoint": which,
         "step": int(step),

@@ -16,7 +16,7 @@ structure (file stem = id, family = prefix before the first ``_``) plus one
   its content against :data:`CONTENT_SHA256`, and returns the archive's path.
   :func:`default_path` finds it there afterwards; :func:`load_archiveii` (and so
   ``foldax train``) fetches it when nothing else is found. ``python -m
-  data.archiveii fetch`` does the same from the shell (``scripts/demo.sh``).
+  foldax.data.archiveii fetch`` does the same from the shell (``scripts/demo.sh``).
 
 Splits (the same for both): ``random`` -- :func:`foldax.data.examples.split_of`
 (SHA-256 of the sequence, ~80/10/10, identical sequences together; equal to

@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m foldax.data.archiveii", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=("fetch",))
     parser.add_argument("--url", default=None, help=f"where to download from (default {archiveii.URL})")
-    parser.add_argument("--cache", default=None, help="where to keep it (default: data.archiveii.cache_root())")
+    parser.add_argument("--cache", default=None, help="where to keep it (default: foldax.data.archiveii.cache_root())")
     args = parser.parse_args(argv)
     found = archiveii.default_path() if args.url is None and args.cache is None else None
     try:
