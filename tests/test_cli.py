@@ -512,12 +512,24 @@ def test_shipped_parameter_sets_and_files(tmp_path, capsys):
     assert rc == 0 and f"parameters: stacking-model scores from a file ({tmp_path / 's.npz'}; data: ArchiveII" in err
     rc, out, err = run(capsys, ["fold", "GGGGAAACCCC", "--params", "turner1999"])
     assert rc == 1 and out == "" and "neither a shipped parameter set" in err
-    not_shipped = [name for name, entry in parameters.shipped().items()
-                   if "file" in entry and not Path(parameters._data_path(entry["file"])).exists()]
-    for name in not_shipped:  # in the registry, its file not shipped yet (stacking, today): a clear error
-        rc, _, err = run(capsys, ["fold", "GGGGAAACCCC", "--params", name])
-        assert rc == 1 and "not in this installation" in err
     assert run(capsys, ["fold", "GGGGAAACCCC", "--params", "handset", "--model", "turner2004"])[0] == 2
+
+    stacking, about = parameters.load("stacking")  # shipped, with the provenance of its training run
+    assert about.grammar == "stacking" and "recipe: configs/default.py" in about.details
+    assert layers.read_provenance("stacking")["familyfold"]["complete"]
+
+
+def test_a_registry_entry_without_its_file_is_a_clear_error(capsys, monkeypatch):
+    from foldax import parameters
+    from foldax.layers import params_io
+
+    registry = {**parameters.shipped(), "future": {"file": "future.npz", "grammar": "turner", "summary": "later"}}
+    monkeypatch.setattr(parameters, "shipped", lambda: registry)
+    monkeypatch.setattr(params_io, "shipped_params", lambda: registry)
+    rc, _, err = run(capsys, ["fold", "GGGGAAACCCC", "--params", "future"])
+    assert rc == 1 and "its file future.npz is not in this installation" in err
+    with pytest.raises(FileNotFoundError, match="future.npz is not in this installation"):
+        layers.load_params("future")
 
 
 def test_default_parameters_are_the_turner_model(monkeypatch):
