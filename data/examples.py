@@ -84,23 +84,30 @@ def split_of(sequence: str) -> str:
     return "train" if bucket < train else ("valid" if bucket < train + valid else "test")
 
 
-def fold_split_of(example: dict, held_out: str | None) -> str:
+def fold_split_of(example: dict, held_out: str | None, valid_families: tuple[str, ...] = ()) -> str:
     """The split of an example in a leave-one-family-out fold.
 
     ``held_out=None`` gives the random split. Otherwise the held-out family is
     ``test``, and the other families' examples are ``valid`` when their random
     split is ``valid`` and ``train`` otherwise (their random ``test`` part
-    included), as recommended in ``shared/data/archiveii/README.md``.
+    included), as recommended in ``shared/data/archiveii/README.md``. With
+    ``valid_families``, validation is those whole families instead (none of their
+    rows is trained on): the best checkpoint is then chosen by how the model does
+    on families it did not train on, as the held-out family will judge it.
 
     >>> fold_split_of({"family": "tRNA", "random_split": "train"}, "tRNA")
     'test'
     >>> fold_split_of({"family": "5s", "random_split": "test"}, "tRNA")
     'train'
+    >>> fold_split_of({"family": "srp", "random_split": "train"}, "tRNA", ("srp",))
+    'valid'
     """
     if held_out is None:
         return example["random_split"]
     if example["family"] == held_out:
         return "test"
+    if valid_families:
+        return "valid" if example["family"] in valid_families else "train"
     return "valid" if example["random_split"] == "valid" else "train"
 
 

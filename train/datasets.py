@@ -464,6 +464,35 @@ def _load_files(data_cfg, key: str):
     return examples, f"config.data.{key}: {_shown(paths)}"
 
 
+#: ``data.valid_families = "auto"``: the first two of these that are not the held-out family.
+AUTO_VALID_FAMILIES = ("tRNA", "srp", "5s")
+
+
+def validation_families(spec: str, fold: str | None) -> tuple[str, ...]:
+    """The families ``data.valid_families`` names for held-out family ``fold`` (``()``: the
+    other families' random ``valid`` rows, the default). ``"auto"`` picks two families of short
+    sequences (:data:`AUTO_VALID_FAMILIES`), so that validation is cheap.
+
+    >>> validation_families("auto", "tRNA"), validation_families("5s,grp1", "tRNA"), validation_families("", "5s")
+    (('srp', '5s'), ('5s', 'grp1'), ())
+    """
+    from foldax.data.archiveii import FAMILIES
+
+    spec = (spec or "").strip()
+    if not spec or not fold:
+        return ()
+    if spec == "auto":
+        return tuple(f for f in AUTO_VALID_FAMILIES if f != fold)[:2]
+    names = tuple(name.strip() for name in spec.split(",") if name.strip())
+    unknown = [name for name in names if name not in FAMILIES]
+    if unknown:
+        raise ValueError(f"config.data.valid_families: unknown famil{'ies' if len(unknown) > 1 else 'y'} "
+                         f"{', '.join(unknown)} (ArchiveII's: {', '.join(FAMILIES)}, or 'auto')")
+    if fold in names:
+        raise ValueError(f"config.data.valid_families = {spec!r} holds the held-out family {fold!r} (config.data.fold)")
+    return names
+
+
 def _raw_splits(data_cfg, min_hairpin: int) -> Splits:
     from foldax.data.examples import split_of
 
@@ -477,13 +506,20 @@ def _raw_splits(data_cfg, min_hairpin: int) -> Splits:
             examples = [ex for ex in examples if ex["in_lis"]]
         from foldax.data.examples import fold_split_of
 
-        if fold:
+        valid_families = validation_families(data_cfg.get("valid_families", ""), fold)
+        if fold and valid_families:
+            names = ", ".join(valid_families)
+            sources = {"train": f"ArchiveII without {fold} and the validation families ({names})",
+                       "valid": f"ArchiveII families {names} (whole families, none trained on)",
+                       "test": f"ArchiveII family {fold}, held out"}
+        elif fold:
             sources = {"train": f"ArchiveII without {fold}, less the other families' random 'valid' part",
                        "valid": f"ArchiveII without {fold}: the random 'valid' part of the other families",
                        "test": f"ArchiveII family {fold}, held out"}
         else:
             sources = {s: f"ArchiveII random split '{s}'" for s in SPLIT_NAMES}
-        return Splits({s: [ex for ex in examples if fold_split_of(ex, fold) == s] for s in SPLIT_NAMES}, sources)
+        return Splits({s: [ex for ex in examples if fold_split_of(ex, fold, valid_families) == s]
+                       for s in SPLIT_NAMES}, sources)
     if source == "files":
         train, train_source = _load_files(data_cfg, "train_files")
         splits, sources = {"train": train}, {"train": train_source}

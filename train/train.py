@@ -897,6 +897,13 @@ def _train_loop(config, workdir, mesh, saver, state, train_step, eval_step, trai
     t_other = 0.0  # time spent in validation and checkpointing (not in steps/s)
     status = "finished"
     nan_step = _nan_injection_step()
+    if step == 0 and saver.latest_sealed is None and config.get("eval_at_start", False):
+        # The starting point (e.g. Turner 2004) competes for "best" too: fine-tuning must beat it on validation.
+        valid = evaluate(eval_step, state, pipes["valid"], mesh)
+        valid_history[0] = valid
+        writer.write(0, {f"valid/{k}": v for k, v in valid.items()})
+        _say("step 0 valid: " + _fmt(valid))
+        saver.save(0, state, train_iter, metrics=valid)
     with _Preemption() as preemption:
         while step < num_steps:
             batch = next(train_iter)
