@@ -50,8 +50,8 @@ def get_config():
     config.data.max_length = 160
     config.data.buckets = (96, 128, 160)  # fewer buckets: each costs a compilation of the Turner DP
     config.data.eval_buckets = (96, 128, 160, 200, 256, 384, 512)
-    # Validation = whole families that are not trained on ("auto": two of tRNA, SRP, 5S, never the held-out
-    # one), and step 0 (Turner 2004 itself) is a candidate: the best checkpoint is the one that does best
+    # Validation = a whole family that is not trained on ("auto": tRNA, or SRP RNA when tRNA is held out),
+    # and step 0 (Turner 2004 itself) is a candidate: the best checkpoint is the one that does best
     # on families it never saw, which is what the held-out family will judge.
     config.data.valid_families = "auto"
     config.data.max_valid_examples = 64
