@@ -90,5 +90,6 @@ def get_config():
     config.keep_checkpoints = 2
     config.async_checkpointing = True
     config.progress_bar = True
-    config.compilation_cache_dir = "~/.cache/foldax/jax"  # persistent XLA cache; "" disables it
+    # Persistent XLA cache ($FOLDAX_CACHE_DIR/jax instead when that is set); "" disables it.
+    config.compilation_cache_dir = "~/.cache/foldax/jax"
     return config

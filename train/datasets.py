@@ -117,7 +117,7 @@ def _is_name(field: str, value: str) -> bool:
     """Whether a path field's value is a name (``model.init = "turner2004"``), not a path."""
     if value in PATH_FIELDS.get(field, ()):
         return True
-    if field == "model.init":
+    if field in ("model.init", "data.synthetic.teacher"):
         from foldax.layers.params_io import ALIASES, shipped_params
 
         return value in ALIASES or value in shipped_params()
@@ -164,17 +164,15 @@ def _paths(text) -> list[str]:
 
 
 def teacher_params(spec: str, *, scale: float = 1.0, seed: int = 0):
-    """Teacher parameters of a synthetic dataset: ``"default"``, ``"random"`` or an ``.npz`` path."""
+    """Teacher parameters of a synthetic dataset: ``"default"``, ``"random"``, a shipped parameter set
+    or a parameter file (:func:`foldax.layers.load_params`: ``.npz``, ``.json``, ``.par``)."""
     import jax
 
     from foldax import layers
 
-    if spec == "default":
-        return layers.default_params()
     if spec == "random":
         return layers.init_params(jax.random.key(seed), scale=scale)
-    with np.load(spec) as f:
-        return {k: np.asarray(f[k], np.float32) for k in ("stack", "pair", "unpaired", "loop")}
+    return layers.load_params(spec)
 
 
 def synthetic_examples(params, num: int, lengths: Sequence[int], *, seed: int, min_hairpin: int = 3,

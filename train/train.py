@@ -130,6 +130,10 @@ class TrainingDiverged(RuntimeError):
 # --------------------------------------------------------------------------- setup
 
 
+#: ``config.compilation_cache_dir``'s default; ``$FOLDAX_CACHE_DIR/jax`` instead when that is set ('' = none).
+DEFAULT_JAX_CACHE = "~/.cache/foldax/jax"
+
+
 def setup_jax(config) -> None:
     """Persistent compilation cache (``config.compilation_cache_dir``; '' disables it), and one CPU
     device per core unless the user chose a count or JAX has started (:mod:`foldax.layers.devices`): the
@@ -140,6 +144,9 @@ def setup_jax(config) -> None:
         devices.default_cpu_devices(divides=int(np.gcd(int(config.batch_size),
                                                       int(config.get("eval_batch_size", config.batch_size)))))
     cache = config.get("compilation_cache_dir", "")
+    if cache == DEFAULT_JAX_CACHE and "FOLDAX_CACHE_DIR" in os.environ:  # as foldax fold: elsewhere, or none
+        cache = os.path.join(os.environ["FOLDAX_CACHE_DIR"].strip(), "jax") if os.environ["FOLDAX_CACHE_DIR"].strip() \
+            else ""
     if cache:
         cache = os.path.expanduser(cache)
         os.makedirs(cache, exist_ok=True)
