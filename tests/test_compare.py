@@ -94,7 +94,7 @@ def test_fold_with_a_training_workdir_prints_only_structures(run, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[:2] == [">seq1", "GGGGAAACCCC"] and len(lines) == 3
     params = trainer.export_params(workdir, str(Path(workdir) / "exported.npz"))
-    loaded = dict(np.load(params))
+    loaded = layers.load_params(params)
     expected = float(layers.max_score(loaded, layers.encode("GGGGAAACCCC")))
     assert float(lines[2].rsplit("(", 1)[1].rstrip(")")) == pytest.approx(expected, abs=0.006)
 

@@ -76,8 +76,9 @@ def small_config(dataset, **changes):
 
 
 def read_npz(path):
+    """The arrays of an .npz (an export's provenance string left out)."""
     with np.load(path) as f:
-        return {k: f[k] for k in f.files}
+        return {k: f[k] for k in f.files if k != "__provenance__"}
 
 
 # ------------------------------------------------------------------ end to end
