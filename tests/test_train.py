@@ -129,6 +129,38 @@ def test_train_eval_export_and_resume(dataset, tmp_path):
     assert json.loads((Path(workdir) / "summary.json").read_text())["steps"] == 25
 
 
+def test_eval_at_start_makes_the_initial_parameters_a_candidate(dataset, tmp_path):
+    """``eval_at_start``: step 0 is validated and checkpointed, so training that only makes the
+    validation metric worse (a learning rate far too large) ends with the initial parameters."""
+    workdir = str(tmp_path / "run")
+    config = small_config(dataset, eval_at_start=True, best_metric="ll_per_nt", num_train_steps=10)
+    config.optimizer.learning_rate = 5.0
+    summary = trainer.train_and_evaluate(config, workdir)
+    rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+    valid = {r["step"]: r["valid/ll_per_nt"] for r in rows if "valid/ll_per_nt" in r}
+    assert sorted(valid) == [0, 10] and valid[0] > valid[10]
+    assert summary["best_step"] == 0
+    best = read_npz(trainer.export_params(workdir, str(tmp_path / "best.npz")))
+    latest = read_npz(trainer.export_params(workdir, str(tmp_path / "last.npz"), which="latest"))
+    assert not np.array_equal(best["stack"], latest["stack"])
+
+
+def test_validation_families_are_whole_families_never_trained_on():
+    from foldax.data.examples import fold_split_of
+    from foldax.train.datasets import validation_families
+
+    rows = [{"family": f, "random_split": r} for f in ("tRNA", "srp", "5s") for r in ("train", "valid", "test")]
+    splits = {(ex["family"], ex["random_split"]): fold_split_of(ex, "5s", validation_families("auto", "5s"))
+              for ex in rows}
+    assert {splits[("tRNA", r)] for r in ("train", "valid", "test")} == {"valid"}
+    assert {splits[("srp", r)] for r in ("train", "valid", "test")} == {"train"}
+    assert {splits[("5s", r)] for r in ("train", "valid", "test")} == {"test"}
+    with pytest.raises(ValueError, match="held-out family '5s'"):
+        validation_families("5s,tRNA", "5s")
+    with pytest.raises(ValueError, match="unknown family trna"):
+        validation_families("trna", "5s")
+
+
 def test_cli_errors(tmp_path, capsys):
     assert train_main.main(["eval", "--workdir", str(tmp_path / "nothing")]) == 1
     assert "config.json" in capsys.readouterr().err

@@ -145,8 +145,8 @@ def setup_jax(config) -> None:
                                                       int(config.get("eval_batch_size", config.batch_size)))))
     cache = config.get("compilation_cache_dir", "")
     if cache == DEFAULT_JAX_CACHE and "FOLDAX_CACHE_DIR" in os.environ:  # as foldax fold: elsewhere, or none
-        cache = os.path.join(os.environ["FOLDAX_CACHE_DIR"].strip(), "jax") if os.environ["FOLDAX_CACHE_DIR"].strip() \
-            else ""
+        chosen = os.environ["FOLDAX_CACHE_DIR"].strip()
+        cache = os.path.join(chosen, "jax") if chosen else ""
     if cache:
         cache = os.path.expanduser(cache)
         os.makedirs(cache, exist_ok=True)
