@@ -4,7 +4,7 @@
   (a second copy of a module under another name would split its state, e.g. registries).
 * (slow) The wheel, installed into a fresh virtual environment outside the repository, puts only
   ``foldax`` into site-packages, and ``foldax fold``, ``--config default`` and the README's
-  ten-line API example work there.
+  Python examples (the ten-line API example, the Turner model's) work there.
 """
 
 from __future__ import annotations
@@ -58,9 +58,10 @@ def test_every_module_imports_under_foldax_only(tmp_path):
 
 
 def _readme_api_example() -> str:
+    """Every Python block of the README, in order (the ten-line API example first)."""
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## API in ten lines"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    return "\n".join(re.findall(r"```python\n(.*?)```", section, re.S))
 
 
 @pytest.mark.slow
@@ -102,5 +103,5 @@ def test_wheel_in_a_fresh_venv_outside_the_repository(tmp_path):
                   work).split()
     assert all(path.startswith(str(site)) and os.path.isfile(path) for path in config), config
 
-    api = _run(python, _readme_api_example() + "\nprint('API OK', float(log_z))", work)
+    api = _run(python, _readme_api_example() + "\nprint('API OK', float(log_z), float(mfe))", work)
     assert "API OK" in api
