@@ -57,6 +57,8 @@ def __getattr__(name):
     # The library's public names (foldax.log_partition, ...), importing foldax.layers on first use.
     import importlib
 
+    if name.startswith("__"):  # probes such as __wrapped__ must not import JAX
+        raise AttributeError(f"module 'foldax' has no attribute {name!r}")
     if name in __all__:
         return importlib.import_module(f"{__name__}.{name}")
     layers = importlib.import_module(f"{__name__}.layers")
