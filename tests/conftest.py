@@ -13,20 +13,15 @@ os.environ.setdefault("FOLDAX_CACHE_DIR", tempfile.mkdtemp(prefix="foldax-test-c
 jax.config.update("jax_enable_x64", True)
 
 
-_CACHE_OPTIONS = ("jax_compilation_cache_dir", "jax_enable_compilation_cache",
-                  "jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes")
-
-
 @pytest.fixture(autouse=True)
-def _persistent_cache_stays_in_its_test():
-    """A test that trains in this process turns JAX's persistent compilation cache on (as ``foldax
-    train`` does); later tests start without it. (jax 0.12 can crash writing some executables to
-    that cache -- seen with Turner ``sample_structures`` after other cached programs in one process.)"""
-    before = {name: getattr(jax.config, name) for name in _CACHE_OPTIONS}
-    yield
-    if any(getattr(jax.config, name) != value for name, value in before.items()):
+def _persistent_cache_off_unless_the_test_turns_it_on():
+    """Every test starts with JAX's persistent compilation cache off. Training (``setup_jax``) turns it
+    on, also from module-scoped fixtures, and it would stay on for later tests. (jax 0.12 can crash
+    writing some executables to that cache -- seen with Turner ``sample_structures`` in a process
+    that had written other programs to it -- so tests that do not test the cache keep it off.)"""
+    if jax.config.jax_compilation_cache_dir and jax.config.jax_enable_compilation_cache:
         from jax.experimental.compilation_cache import compilation_cache
 
-        for name, value in before.items():
-            jax.config.update(name, value)
+        jax.config.update("jax_compilation_cache_dir", None)
         compilation_cache.reset_cache()
+    yield
