@@ -409,6 +409,9 @@ def familyfold(config, workdir: str, *, families=None, max_eval_length: int = 0,
             break
         result = write_outputs(workdir, config, setup["options"], config_name=config_name)
         _say(format_family_line(record))
+        # JAX keeps every compiled program, each in memory mappings of its own; ten families' programs
+        # in one process can approach Linux's per-process limit (vm.max_map_count), where XLA crashes.
+        jax.clear_caches()
     result = write_outputs(workdir, config, setup["options"], config_name=config_name)
     result["status"] = status
     return result
