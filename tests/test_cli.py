@@ -650,6 +650,38 @@ def test_program_keys_change_with_what_a_program_depends_on():
     assert len({key, *others}) == 1 + len(others)
 
 
+def test_a_single_sequence_compiles_as_one_chunk_with_the_same_results(monkeypatch):
+    """One sequence (a shell loop's call) runs the DP as one chunk of diagonals, which compiles several
+    times faster; a batch keeps the automatic chunks. Both give the same structures and numbers."""
+    from foldax import programs
+
+    assert programs.num_chunks_for(1, 128) == 1 and programs.num_chunks_for(1, programs.ONE_CHUNK_MAX_LENGTH) == 1
+    assert programs.num_chunks_for(2, 128) is None and programs.num_chunks_for(1, 1024) is None
+    seen = []
+    traced = programs.fold_batch
+
+    def recording(*args, request):
+        seen.append(request.num_chunks)
+        return traced(*args, request=request)
+
+    monkeypatch.setattr(programs, "fold_batch", recording)
+    params = layers.default_params()
+    rng = np.random.default_rng(0)
+    seqs = ["".join(rng.choice(list("ACGU"), n)) for n in (150, 96)]
+    request = programs.Request(partition=True, probs=True, centroid=True)
+    run = programs.FoldPrograms(None)
+    tokens, lengths = layers.encode_batch(seqs)
+    batch = run(request, params, tokens, lengths)
+    for row, seq in enumerate(seqs):
+        tokens1, lengths1 = layers.encode_batch([seq], buckets=(tokens.shape[1],))
+        one = run(request, params, tokens1, lengths1)
+        np.testing.assert_array_equal(one["structure"][0], batch["structure"][row])
+        np.testing.assert_array_equal(one["centroid"][0], batch["centroid"][row])
+        np.testing.assert_allclose(one["log_z"][0], batch["log_z"][row], rtol=1e-5)
+        np.testing.assert_allclose(one["probs"][0], batch["probs"][row], atol=1e-5)
+    assert seen == [None, 1]  # traced twice: the batch with automatic chunks, then one 1-chunk program
+
+
 def test_progress_bar_on_a_terminal_only(capsys, monkeypatch, fasta):
     rc, _, err = run(capsys, ["fold", "-i", fasta])
     assert rc == 0 and "foldax fold:" in err and "seq/s" not in err and "it/s" not in err  # a pipe: no bar

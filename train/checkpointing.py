@@ -91,6 +91,8 @@ import socket
 import sys
 from collections.abc import Mapping, Sequence
 
+from foldax.train import datasets
+
 __all__ = [
     "WorkdirError", "WorkdirLocked", "CheckpointError", "ConfigChanged", "WorkdirLock",
     "MANIFEST", "COMMIT_MARKER", "DAMAGED_DIR", "SAFE_FIELDS",
@@ -118,8 +120,9 @@ SAFE_FIELDS = frozenset({
     "data.synthetic.num_valid", "data.synthetic.num_test",
 })
 
-#: Fields holding comma-separated paths: compared after making each path absolute.
-PATH_FIELDS = frozenset({"data.path", "data.train_files", "data.valid_files", "data.eval_files"})
+#: Fields holding only paths (comma-separated for the ``*_files``), never names: compared after
+#: making each path absolute.
+PATH_FIELDS = frozenset(field for field, names in datasets.PATH_FIELDS.items() if not names)
 
 
 class WorkdirError(RuntimeError):

@@ -376,6 +376,8 @@ def familyfold(config, workdir: str, *, families=None, max_eval_length: int = 0,
     ``families``: family codes (default all of :data:`foldax.data.archiveii.FAMILIES`),
     run in that order; the outputs cover every finished family of ``workdir``.
     """
+    import jax
+
     from foldax.data.archiveii import FAMILIES, load_archiveii
     from foldax.train import train as trainer
 

@@ -1,0 +1,130 @@
+"""Turner 2004 with an MEA ``gamma`` chosen on the training families: family-fold, next to RNAfold (issue 12).
+
+No training: the parameters stay Turner 2004 (``turner2004``); the one choice is the MEA decoder's
+``gamma`` (:func:`foldax.layers.mea_structure`: a pair counts ``2 gamma P_ij``, an unpaired base
+``q_i``). For each held-out ArchiveII family, ``gamma`` is the value of ``--gammas`` with the best
+mean-over-families F1 on the *other* families, never on the held-out one; the held-out family is then
+scored at that ``gamma``. Beside it: the Turner 2004 best structure (the MFE, RNAfold's structure up to
+energy ties) and RNAfold on the same sequences.
+
+The sequences are what ``foldax familyfold`` evaluates for a family (``configs/turner.py``'s data
+filter, its ``test`` split at ``data.fold = family``, up to ``--max-length`` nt). Pair probabilities
+are computed once per sequence (``layers.pair_probs``, float32, batches by length bucket split over
+the cores); every ``gamma`` decodes from them. Writes ``--out`` (JSON: per family and ``gamma`` the mean
+F1, and the family-fold table) and prints the table. Run::
+
+    .venv/bin/python benchmarks/familyfold_gamma.py --out /tmp/gamma.json \\
+        --rnafold-cache runs/ff/rnafold_cache.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GAMMAS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+#: Rows of one batch: at most this many chart cells (rows x bucket^2).
+MAX_BATCH_CELLS = 1 << 20
+
+
+def family_examples(family: str, max_length: int) -> list[dict]:
+    """The family's sequences as ``foldax familyfold`` evaluates them (its ``test`` split)."""
+    from foldax.configs import turner
+    from foldax.train.datasets import load_splits
+
+    config = turner.get_config()
+    with config.ignore_type():
+        config.data.fold, config.data.max_eval_length, config.data.max_test_examples = family, max_length, 0
+        config.data.valid_families = ""
+    return load_splits(config.data, min_hairpin=3, seed=int(config.seed), splits=("test",))["test"]
+
+
+def choose(scores: dict, held_out: str, gammas) -> float:
+    """The gamma with the best mean over the families other than ``held_out`` of their mean F1."""
+    others = [f for f in scores if f != held_out]
+    return max(gammas, key=lambda g: (sum(scores[f][str(g)] for f in others) / len(others), -abs(g - 1.0)))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--max-length", type=int, default=512)
+    parser.add_argument("--gammas", default=",".join(map(str, GAMMAS)))
+    parser.add_argument("--families", default="", help="comma-separated codes (default: all ten)")
+    parser.add_argument("--rnafold-cache", default="", help="a foldax RNAfold cache file (JSON lines)")
+    args = parser.parse_args(argv)
+
+    from foldax import layers
+
+    layers.use_all_cores()
+    import jax
+    import numpy as np
+
+    from foldax.data.archiveii import FAMILIES
+    from foldax.model.metrics import pair_metrics
+    from foldax.train.compare import RnafoldCache, _load_rnafold, _rnafold_tables
+
+    gammas = [float(g) for g in args.gammas.split(",")]
+    families = [f for f in args.families.split(",") if f] or list(FAMILIES)
+    params = layers.load_params("turner2004")
+    RNA = _load_rnafold()
+    cache = RnafoldCache(args.rnafold_cache or None, RNA) if RNA is not None else None
+    buckets = tuple(b for b in (*layers.DEFAULT_BUCKETS, args.max_length) if b <= args.max_length)
+    score = jax.jit(pair_metrics)
+    per_family: dict = {}
+    for family in families:
+        t0 = time.time()
+        examples = family_examples(family, args.max_length)
+        f1 = {name: [] for name in ["mfe", "rnafold", *map(str, gammas)]}
+        by_bucket: dict = {}
+        for ex in examples:
+            bucket = next(b for b in buckets if b >= len(ex["sequence"]))
+            by_bucket.setdefault(bucket, []).append(ex)
+        for bucket, members in sorted(by_bucket.items()):
+            rows = max(jax.device_count(), MAX_BATCH_CELLS // bucket**2 // jax.device_count() * jax.device_count())
+            for start in range(0, len(members), rows):
+                chunk = members[start:start + rows]
+                n = len(chunk)
+                chunk = chunk + [chunk[-1]] * (-n % jax.device_count())  # whole batches per device
+                tokens, lengths = layers.encode_batch([ex["sequence"] for ex in chunk], buckets=(bucket,))
+                truth = -np.ones(tokens.shape, np.int32)
+                for row, ex in enumerate(chunk):
+                    truth[row, : len(ex["sequence"])] = ex["pair_table"]
+                probs = layers.pair_probs(params, tokens, lengths)
+                preds = {"mfe": layers.best_structure(params, tokens, lengths)}
+                for g in gammas:
+                    preds[str(g)] = layers.mea_structure(probs, lengths, gamma=g)
+                if RNA is not None:
+                    preds["rnafold"] = _rnafold_tables(RNA, [ex["sequence"] for ex in chunk], bucket, cache)
+                for name, pred in preds.items():
+                    f1[name].extend(np.asarray(score(np.asarray(pred), truth, lengths)["f1"])[:n].tolist())
+        per_family[family] = {"n_seqs": len(examples), **{k: float(np.mean(v)) for k, v in f1.items() if v}}
+        print(f"# {family}: {len(examples)} sequences, {time.time() - t0:.0f} s: "
+              + ", ".join(f"{k} {v:.3f}" for k, v in per_family[family].items() if k != "n_seqs"), flush=True)
+
+    table = {}
+    for family in families:
+        g = choose(per_family, family, gammas)
+        table[family] = {"gamma": g, "mea": per_family[family][str(g)], "mfe": per_family[family]["mfe"],
+                         "rnafold": per_family[family].get("rnafold")}
+    means = {k: float(np.mean([row[k] for row in table.values()])) for k in ("mea", "mfe", "rnafold")
+             if all(row[k] is not None for row in table.values())}
+    lines = ["| held-out family | n | gamma (chosen on the other families) | Turner 2004 MEA | Turner 2004 MFE | RNAfold |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for family, row in table.items():
+        lines.append(f"| {family} | {per_family[family]['n_seqs']} | {row['gamma']:g} | {row['mea']:.3f} | "
+                     f"{row['mfe']:.3f} | {row['rnafold'] if row['rnafold'] is None else format(row['rnafold'], '.3f')} |")
+    lines.append(f"| **mean of {len(table)}** | | | **{means.get('mea', float('nan')):.3f}** | "
+                 f"{means.get('mfe', float('nan')):.3f} | {means.get('rnafold', float('nan')):.3f} |")
+    print("\n".join(lines))
+    Path(args.out).write_text(json.dumps({"gammas": gammas, "max_length": args.max_length, "per_family": per_family,
+                                          "table": table, "means": means}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
