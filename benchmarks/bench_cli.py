@@ -97,7 +97,8 @@ BREAKDOWN = textwrap.dedent(
     params = jax.tree.map(np.asarray, layers.check_params(params))
     tokens, lengths = layers.encode_batch([sys.argv[2]])
     args = (params, tokens, lengths, None, np.float32(1))
-    request = programs.Request(energy=layers.is_energy_params(params))
+    request = programs.Request(energy=layers.is_energy_params(params),
+                               num_chunks=programs.num_chunks_for(*tokens.shape))  # as foldax fold chooses
     t2 = time.perf_counter()
     lowered = jax.jit(functools.partial(programs.fold_batch, request=request)).lower(*args)
     t3 = time.perf_counter()
