@@ -102,9 +102,10 @@ def num_chunks_for(batch: int, length: int) -> int | None:
 
     Each chunk is another loop body to trace and compile, and a single sequence is what a shell loop
     folds: the first call pays the compile, the run is short either way. Turner 2004 MFE of one
-    sequence, 1 chunk vs automatic (2026-12-01): 100 nt, trace + compile 3.3 s vs 12.7 s, run
-    87 vs 46 ms; 250 nt, 4.4 s vs 23.6 s, run 233 vs 152 ms; 500 nt, 3.9 s vs 53 s, run 1.46 vs
-    0.58 s. A batch of several sequences is about throughput and keeps the automatic count.
+    sequence, 1 chunk vs automatic (2026-12-01, with other work on the machine), trace + compile
+    and run: 100 nt 3.3 s vs 12.7 s, 87 vs 46 ms; 250 nt 4.4 s vs 23.6 s, 233 vs 152 ms; 500 nt
+    3.9 s vs 53 s, 1.46 vs 0.58 s. A batch of several sequences is about throughput and keeps the
+    automatic count.
     """
     return 1 if batch == 1 and length <= ONE_CHUNK_MAX_LENGTH else None
 
