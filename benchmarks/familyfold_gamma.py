@@ -11,7 +11,7 @@ The sequences are what ``foldax familyfold`` evaluates for a family (``configs/t
 filter, its ``test`` split at ``data.fold = family``, up to ``--max-length`` nt). Pair probabilities
 are computed once per sequence (``layers.pair_probs``, float32, batches by length bucket split over
 the cores); every ``gamma`` decodes from them. Writes ``--out`` (JSON: per family and ``gamma`` the mean
-F1, and the family-fold table) and prints the table. Run::
+F1, and the family-fold table) after each family, and resumes from it; prints the table. Run::
 
     .venv/bin/python benchmarks/familyfold_gamma.py --out /tmp/gamma.json \\
         --rnafold-cache runs/ff/rnafold_cache.jsonl
@@ -76,7 +76,13 @@ def main(argv=None) -> int:
     buckets = tuple(b for b in (*layers.DEFAULT_BUCKETS, args.max_length) if b <= args.max_length)
     score = jax.jit(pair_metrics)
     per_family: dict = {}
+    if Path(args.out).exists():  # resume: families already measured (same gammas and length)
+        done = json.loads(Path(args.out).read_text())
+        if done["gammas"] == gammas and done["max_length"] == args.max_length:
+            per_family = {f: v for f, v in done["per_family"].items() if f in families}
     for family in families:
+        if family in per_family:
+            continue
         t0 = time.time()
         examples = family_examples(family, args.max_length)
         f1 = {name: [] for name in ["mfe", "rnafold", *map(str, gammas)]}
@@ -102,7 +108,12 @@ def main(argv=None) -> int:
                     preds["rnafold"] = _rnafold_tables(RNA, [ex["sequence"] for ex in chunk], bucket, cache)
                 for name, pred in preds.items():
                     f1[name].extend(np.asarray(score(np.asarray(pred), truth, lengths)["f1"])[:n].tolist())
+            # Each Turner program holds thousands of memory mappings while JAX keeps it; all buckets'
+            # programs in one process exceed Linux's 65,530 (XLA: "Unable to allocate section memory").
+            jax.clear_caches()
         per_family[family] = {"n_seqs": len(examples), **{k: float(np.mean(v)) for k, v in f1.items() if v}}
+        Path(args.out).write_text(json.dumps({"gammas": gammas, "max_length": args.max_length,
+                                              "per_family": per_family}, indent=1))
         print(f"# {family}: {len(examples)} sequences, {time.time() - t0:.0f} s: "
               + ", ".join(f"{k} {v:.3f}" for k, v in per_family[family].items() if k != "n_seqs"), flush=True)
 
