@@ -40,16 +40,20 @@ def _require_energy_params(params, what):
     return check_params(params)
 
 
-def _pair_tables(structure, tokens_shape, batched):
-    """Dot-bracket string(s) or pair table(s) -> int32 pair tables of the tokens' shape."""
+def _pair_tables(structure, tokens_shape, batched, lengths):
+    """Dot-bracket string(s) or pair table(s) -> int32 pair tables of the tokens' shape. A dot-bracket
+    must be as long as its sequence (``lengths[b]`` where known, else the tokens' width): a shorter one
+    is refused, never padded with unpaired positions."""
     if isinstance(structure, str):
         structure = [structure]
     if isinstance(structure, (list, tuple)) and structure and isinstance(structure[0], str):
         width = tokens_shape[-1]
+        known = _is_concrete(lengths)
         tables = np.full((len(structure), width), -1, np.int32)
         for b, db in enumerate(structure):
-            if len(db) > width:
-                raise ValueError(f"structure {b} has {len(db)} positions, more than the tokens' {width}")
+            n = int(lengths[b]) if known and b < len(lengths) else width
+            if len(db) != n:
+                raise ValueError(f"structure {b} has {len(db)} positions, but its sequence has {n}")
             tables[b, : len(db)] = from_dot_bracket(db)
         structure = tables if batched else tables[0]
     table = jnp.asarray(structure)
@@ -101,7 +105,7 @@ def free_energy(params, tokens, structure, lengths=None):
     """
     params = _require_energy_params(params, "free_energy")
     tokens, lengths, _, batched = _check_inputs(tokens, lengths, None, 0)
-    tables = _pair_tables(structure, tokens.shape, batched)
+    tables = _pair_tables(structure, tokens.shape, batched, lengths)
     energy, _ = loop_energy(params, tokens, tables, lengths, pf=False)
     return energy if batched else energy[0]
 

@@ -407,7 +407,7 @@ def test_structures_outside_the_turner_grammar_are_refused(turner64):
     x = layers.encode("GGGGAAACCCA")
     with pytest.raises(StructureError, match=r"pair \(0, 10\) is G-A"):
         layers.structure_score(turner64, x, layers.from_dot_bracket("((((...))))"))
-    with pytest.raises(ValueError, match="13 positions, more than the tokens' 11"):
+    with pytest.raises(ValueError, match="13 positions, but its sequence has 11"):
         layers.free_energy(turner64, x, "((((...))))..")
 
 
@@ -483,11 +483,18 @@ def test_missing_and_empty_parameter_files(tmp_path):
 
 
 
-@pytest.mark.xfail(strict=True, reason="free_energy pads a dot-bracket shorter than its sequence with unpaired "
-                   "positions (a longer one is refused); the lead decides: refuse it too, or document it")
 def test_dot_bracket_shorter_than_its_sequence_is_refused(turner64):
-    with pytest.raises(ValueError, match="9 positions"):
+    """Never padded with unpaired positions: a dot-bracket must be exactly as long as its sequence."""
+    with pytest.raises(ValueError, match="9 positions, but its sequence has 11"):
         layers.free_energy(turner64, layers.encode("GGGGAAACCCC"), "(((...)))")
+    with pytest.raises(ValueError, match="13 positions, but its sequence has 11"):
+        layers.free_energy(turner64, layers.encode("GGGGAAACCCC"), "((((...))))..")
+    tokens, lengths = layers.encode_batch(["GGGGAAACCCC", "GGGAAACCC"])
+    with pytest.raises(ValueError, match="structure 1 has 11 positions, but its sequence has 9"):
+        layers.free_energy(turner64, tokens, ["((((...))))", "(((...)))..",], lengths)
+    both = layers.free_energy(turner64, tokens, ["((((...))))", "(((...)))"], lengths)
+    assert np.allclose(both, [float(layers.free_energy(turner64, layers.encode(s), d))
+                              for s, d in [("GGGGAAACCCC", "((((...))))"), ("GGGAAACCC", "(((...)))")]])
 
 
 def test_inside_layer_takes_turner_tables():
