@@ -66,10 +66,12 @@ def main(argv=None) -> int:
 
     from foldax.data.archiveii import FAMILIES
     from foldax.model.metrics import pair_metrics
-    from foldax.train.compare import RnafoldCache, _load_rnafold, _rnafold_tables
+    from foldax.train.compare import RnafoldCache, _load_rnafold, _rnafold_tables, eval_batch_sizes
 
     gammas = [float(g) for g in args.gammas.split(",")]
     families = [f for f in args.families.split(",") if f] or list(FAMILIES)
+    if len(families) < 2:
+        parser.error("--families needs at least two families: gamma is chosen on the ones not held out")
     params = layers.load_params("turner2004")
     RNA = _load_rnafold()
     cache = RnafoldCache(args.rnafold_cache or None, RNA) if RNA is not None else None
@@ -91,7 +93,8 @@ def main(argv=None) -> int:
             bucket = next(b for b in buckets if b >= len(ex["sequence"]))
             by_bucket.setdefault(bucket, []).append(ex)
         for bucket, members in sorted(by_bucket.items()):
-            rows = max(jax.device_count(), MAX_BATCH_CELLS // bucket**2 // jax.device_count() * jax.device_count())
+            rows = eval_batch_sizes((bucket,), len(members), max_batch_cells=MAX_BATCH_CELLS,
+                                    num_devices=jax.device_count())[0]
             for start in range(0, len(members), rows):
                 chunk = members[start:start + rows]
                 n = len(chunk)

@@ -296,7 +296,8 @@ class FoldPrograms:
         args = (params, np.asarray(tokens, np.int32), np.asarray(lengths, np.int32),
                 None if phi is None else np.asarray(phi), np.asarray(gamma, dtype))
         mesh = _mesh_for(args[1].shape[0])
-        request = dataclasses.replace(request, num_chunks=num_chunks_for(*args[1].shape))
+        if request.num_chunks is None:  # a caller's explicit choice stands
+            request = dataclasses.replace(request, num_chunks=num_chunks_for(*args[1].shape))
         if mesh is not None:
             args = _place(args, mesh)
         key = program_key(request, args, 1 if mesh is None else mesh.size)

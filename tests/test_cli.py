@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import re
 import sys
@@ -680,6 +681,8 @@ def test_a_single_sequence_compiles_as_one_chunk_with_the_same_results(monkeypat
         np.testing.assert_allclose(one["log_z"][0], batch["log_z"][row], rtol=1e-5)
         np.testing.assert_allclose(one["probs"][0], batch["probs"][row], atol=1e-5)
     assert seen == [None, 1]  # traced twice: the batch with automatic chunks, then one 1-chunk program
+    run(dataclasses.replace(request, num_chunks=2), params, tokens1, lengths1)
+    assert seen == [None, 1, 2]  # a caller's explicit count stands
 
 
 def test_progress_bar_on_a_terminal_only(capsys, monkeypatch, fasta):
