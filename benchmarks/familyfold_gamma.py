@@ -113,7 +113,7 @@ def main(argv=None) -> int:
                     f1[name].extend(np.asarray(score(np.asarray(pred), truth, lengths)["f1"])[:n].tolist())
             # Each Turner program holds thousands of memory mappings while JAX keeps it; all buckets'
             # programs in one process exceed Linux's 65,530 (XLA: "Unable to allocate section memory").
-            jax.clear_caches()
+            layers.release_compiled_programs()
         per_family[family] = {"n_seqs": len(examples), **{k: float(np.mean(v)) for k, v in f1.items() if v}}
         Path(args.out).write_text(json.dumps({"gammas": gammas, "max_length": args.max_length,
                                               "per_family": per_family}, indent=1))

@@ -325,6 +325,13 @@ def run_fold(args, *, own_process: bool = False) -> int:
     if not records:
         _err("error: no sequences to fold" + (" (all records were invalid)" if errors else ""))
         return 1
+    from foldax.layers.compiled import high_water
+
+    try:
+        high_water()  # a bad FOLDAX_MAPPINGS_HIGH_WATER fails here, not after the first program
+    except ValueError as err:
+        _err(f"error: {err}")
+        return 2
     programs = _program_cache(own_process)
     try:
         model = F.load_model(args.params, checkpoint=args.checkpoint or "best")

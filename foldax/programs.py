@@ -277,8 +277,9 @@ def program_key(request: Request, args: tuple, devices: int) -> str:
 class FoldPrograms:
     """Runs :func:`fold_batch`, keeping each compiled program: in memory, and in ``directory`` (see
     the module docstring) when one is given. ``stats`` counts where programs came from: ``memory``,
-    ``disk`` (loaded) and ``compiled`` (traced and compiled here); ``notice(shape)`` is called
-    before a program for tokens of that shape is compiled."""
+    ``disk`` (loaded), ``compiled`` (traced and compiled here) and ``released`` (programs given back
+    because the process ran short of memory mappings: :mod:`foldax.layers.compiled`); ``notice(shape)``
+    is called before a program for tokens of that shape is compiled."""
 
     def __init__(self, directory: str | os.PathLike | None = None, *, notice=None):
         self.directory = None if directory is None else Path(directory) / "programs"
@@ -292,6 +293,8 @@ class FoldPrograms:
         """:func:`fold_batch` of numpy inputs; numpy outputs."""
         import jax
 
+        from foldax.layers.compiled import crowded, release_compiled_programs
+
         dtype = np.result_type(*[np.asarray(leaf).dtype for leaf in jax.tree.leaves(params)])
         args = (params, np.asarray(tokens, np.int32), np.asarray(lengths, np.int32),
                 None if phi is None else np.asarray(phi), np.asarray(gamma, dtype))
@@ -304,6 +307,10 @@ class FoldPrograms:
         if key in self._programs:
             self.stats["memory"] += 1
             return _numpy(self._programs[key](*args))
+        if crowded():  # every program holds memory mappings: give them back before adding one
+            self._programs.clear()
+            release_compiled_programs()
+            self.stats["released"] += 1
         program = self._load(key, mesh)
         if program is not None:
             try:

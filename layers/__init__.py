@@ -1,6 +1,7 @@
 """foldax layers: the RNA inside algorithm as a fast, exact, differentiable JAX core."""
 
 from foldax.layers.alphabet import ALPHABET, DEFAULT_BUCKETS, PAD_TOKEN, bucket_length, decode, encode, encode_batch
+from foldax.layers.compiled import ShapeWatch, release_compiled_programs
 from foldax.layers.decoding import best_structure, mea_structure, pair_probs, sample_structures
 from foldax.layers.devices import use_all_cores
 from foldax.layers.dotbracket import from_dot_bracket, to_dot_bracket
@@ -49,6 +50,8 @@ __all__ = [
     "save_params",
     "read_provenance",
     "use_all_cores",
+    "release_compiled_programs",
+    "ShapeWatch",
 ]
 
 # Flax layers (layers/nnx_layer.py), imported on first use so that `import foldax.layers` stays free of Flax.

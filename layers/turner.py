@@ -488,7 +488,6 @@ class TurnerGrammar:
         batch, width = views["qm_left"].shape[0], views["qm_left"].shape[2]
         packed = views["cells"][:, :, 0]  # [B, field, width]
         cell = {name: packed[:, k] for k, name in enumerate(CELL_ARRAYS)}
-        neg_inf = jnp.array(-jnp.inf, packed.dtype)
         ml_rows = views["ml"].reshape(batch, 2, len(ML_SEGMENTS), length + 1)  # widths d-2, d-1
         if "ML" in known:
             known = {**known, **_unpack_ml(known["ML"], length, width)}

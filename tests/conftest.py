@@ -10,14 +10,15 @@ compiled-program caches, and compiled programs released between test files.
   suite in one process climbed towards Linux's limit of 65,530 mappings per process
   (``vm.max_map_count``: 19,000 at a tenth of the suite), and XLA died with a segmentation fault
   while compiling about four fifths of the way through. So JAX's caches are cleared after each test
-  file, and after any test that leaves the process above half the limit.
+  file, and after any test that leaves the process above half the limit (:mod:`foldax.layers.compiled`).
 """
 
-import gc
 import os
 
 import jax
 import pytest
+
+from foldax.layers.compiled import mapped_regions, release_compiled_programs
 
 os.environ["FOLDAX_CACHE_DIR"] = ""
 
@@ -25,20 +26,6 @@ jax.config.update("jax_enable_x64", True)
 
 #: Clear JAX's caches after a test once the process holds this many memory mappings.
 MAPPINGS_HIGH_WATER = 32_768
-
-
-def mapped_regions() -> int:
-    """How many memory mappings this process holds (0 where ``/proc`` is not there)."""
-    try:
-        with open("/proc/self/maps", "rb") as fh:
-            return sum(1 for _ in fh)
-    except OSError:
-        return 0
-
-
-def release_compiled_programs() -> None:
-    jax.clear_caches()
-    gc.collect()
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -324,6 +324,25 @@ def _copy_run(trained, tmp_path):
     return workdir
 
 
+def test_releasing_programs_at_new_shapes_changes_no_result(dataset, tmp_path, monkeypatch):
+    """With the memory-mapping high-water mark at 0, the trainer gives JAX's compiled programs back
+    whenever a step meets a new batch shape (two buckets here, :mod:`foldax.layers.compiled`);
+    the programs compiled again give the same training and evaluation, bit for bit."""
+    from foldax.layers import compiled
+
+    def config():
+        return small_config(dataset, num_train_steps=8, eval_every=4,
+                            **{"data.buckets": (32, 64), "data.eval_buckets": (32, 64)})
+
+    plain = trainer.train_and_evaluate(config(), str(tmp_path / "plain"))
+    monkeypatch.setattr(compiled, "high_water", lambda environ=None: 0)
+    monkeypatch.setattr(trainer, "NEW_SHAPES", compiled.ShapeWatch())
+    released = trainer.train_and_evaluate(config(), str(tmp_path / "released"))
+    assert trainer.NEW_SHAPES.releases >= 3  # the train step and the eval step, at each shape they met
+    metrics = [k for k in plain if k.startswith(("test/", "valid/"))]
+    assert metrics and {k: plain[k] for k in metrics} == {k: released[k] for k in metrics}
+
+
 def _checkpoint_bytes(workdir):
     return {p.relative_to(workdir): p.read_bytes() for p in (Path(workdir) / "checkpoints").rglob("*") if p.is_file()}
 

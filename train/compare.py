@@ -225,6 +225,7 @@ def compare(workdir: str, *, split: str = "test", which: str = "best", config=No
     with jax.set_mesh(mesh):
         for pipe, index_map in pipes:
             for batch in pipe:
+                trainer.NEW_SHAPES(id(predict_step), batch["tokens"].shape)
                 rows = np.flatnonzero(np.asarray(batch["weights"]) > 0)
                 index = index_map[np.asarray(batch["example_index"])[rows]]
                 glob = trainer.to_global_batch(batch, mesh)

@@ -376,9 +376,8 @@ def familyfold(config, workdir: str, *, families=None, max_eval_length: int = 0,
     ``families``: family codes (default all of :data:`foldax.data.archiveii.FAMILIES`),
     run in that order; the outputs cover every finished family of ``workdir``.
     """
-    import jax
-
     from foldax.data.archiveii import FAMILIES, load_archiveii
+    from foldax.layers.compiled import release_compiled_programs
     from foldax.train import train as trainer
 
     check_config(config)
@@ -413,7 +412,7 @@ def familyfold(config, workdir: str, *, families=None, max_eval_length: int = 0,
         _say(format_family_line(record))
         # JAX keeps every compiled program, each in memory mappings of its own; ten families' programs
         # in one process can approach Linux's per-process limit (vm.max_map_count), where XLA crashes.
-        jax.clear_caches()
+        release_compiled_programs()
     result = write_outputs(workdir, config, setup["options"], config_name=config_name)
     result["status"] = status
     return result

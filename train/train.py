@@ -91,6 +91,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from foldax.layers.compiled import ShapeWatch
 from foldax.model.decoding import eval_sums, finalize
 from foldax.model.loss import cll_loss
 from foldax.model.models import create_model, grammar_of
@@ -312,10 +313,17 @@ def make_eval_step(graphdef, config):
     return jax.jit(step)
 
 
+#: Each batch shape compiles its own programs: the first time a jitted step meets a shape, check that
+#: the process has memory mappings to spare for them (:mod:`foldax.layers.compiled`). Keyed by the
+#: step's ``id``: a new run's steps are new functions with programs of their own.
+NEW_SHAPES = ShapeWatch()
+
+
 def evaluate(eval_step, state, pipeline: InputPipeline, mesh) -> dict:
     """Metrics (means) of ``state`` over one pass of ``pipeline``."""
     totals = None
     for batch in pipeline:
+        NEW_SHAPES(id(eval_step), batch["tokens"].shape)
         sums = eval_step(state, to_global_batch(batch, mesh))
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
     return finalize(jax.device_get(totals))
@@ -916,6 +924,7 @@ def _train_loop(config, workdir, mesh, saver, state, train_step, eval_step, trai
             batch = next(train_iter)
             if step + 1 == nan_step:
                 batch = {**batch, "weights": np.full_like(batch["weights"], np.nan)}
+            NEW_SHAPES(id(train_step), batch["tokens"].shape)
             state, metrics = train_step(state, to_global_batch(batch, mesh))
             metrics = jax.device_get(metrics)
             step += 1
