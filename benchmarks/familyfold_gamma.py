@@ -40,12 +40,17 @@ def family_examples(family: str, max_length: int) -> list[dict]:
     with config.ignore_type():
         config.data.fold, config.data.max_eval_length, config.data.max_test_examples = family, max_length, 0
         config.data.valid_families = ""
-    return load_splits(config.data, min_hairpin=3, seed=int(config.seed), splits=("test",))["test"]
+    try:
+        return load_splits(config.data, min_hairpin=3, seed=int(config.seed), splits=("test",))["test"]
+    except ValueError as err:
+        if "split is empty" in str(err):  # every sequence of the family is longer than max_length
+            return []
+        raise
 
 
 def choose(scores: dict, held_out: str, gammas) -> float:
     """The gamma with the best mean over the families other than ``held_out`` of their mean F1."""
-    others = [f for f in scores if f != held_out]
+    others = [f for f in scores if f != held_out and scores[f]["n_seqs"]]
     return max(gammas, key=lambda g: (sum(scores[f][str(g)] for f in others) / len(others), -abs(g - 1.0)))
 
 
@@ -87,6 +92,10 @@ def main(argv=None) -> int:
             continue
         t0 = time.time()
         examples = family_examples(family, args.max_length)
+        if not examples:
+            per_family[family] = {"n_seqs": 0}
+            print(f"# {family}: no sequence of at most {args.max_length} nt: left out", flush=True)
+            continue
         f1 = {name: [] for name in ["mfe", "rnafold", *map(str, gammas)]}
         by_bucket: dict = {}
         for ex in examples:
@@ -121,7 +130,7 @@ def main(argv=None) -> int:
               + ", ".join(f"{k} {v:.3f}" for k, v in per_family[family].items() if k != "n_seqs"), flush=True)
 
     table = {}
-    for family in families:
+    for family in (f for f in families if per_family[f]["n_seqs"]):
         g = choose(per_family, family, gammas)
         table[family] = {"gamma": g, "mea": per_family[family][str(g)], "mfe": per_family[family]["mfe"],
                          "rnafold": per_family[family].get("rnafold")}
@@ -134,6 +143,9 @@ def main(argv=None) -> int:
                      f"{row['mfe']:.3f} | {row['rnafold'] if row['rnafold'] is None else format(row['rnafold'], '.3f')} |")
     lines.append(f"| **mean of {len(table)}** | | | **{means.get('mea', float('nan')):.3f}** | "
                  f"{means.get('mfe', float('nan')):.3f} | {means.get('rnafold', float('nan')):.3f} |")
+    left_out = [f for f in families if not per_family[f]["n_seqs"]]
+    if left_out:
+        lines.append(f"\nLeft out (no sequence of at most {args.max_length} nt): {', '.join(left_out)}")
     print("\n".join(lines))
     Path(args.out).write_text(json.dumps({"gammas": gammas, "max_length": args.max_length, "per_family": per_family,
                                           "table": table, "means": means}, indent=1))
