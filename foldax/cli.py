@@ -153,7 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     fold.add_argument("--mea", action="store_true",
                       help="print the maximum expected accuracy structure (from pair probabilities) "
                            "instead of the best-scoring one")
-    fold.add_argument("--gamma", type=_pos_float, default=None, help="MEA pair weight (default 1.0; needs --mea)")
+    fold.add_argument("--gamma", type=_pos_float, default=None,
+                      help="MEA pair weight (needs --mea; default: the parameters' own: 0.5 for turner2004, "
+                           "a training run's config.gamma, else 1.0)")
     fold.add_argument("-p", "--partition", action="store_true",
                       help="also compute log Z and base-pair probabilities (ensemble line; _bpp.txt with -o)")
     fold.add_argument("--min-hairpin", type=_nonneg_int, default=None, metavar="N",
@@ -343,7 +345,7 @@ def run_fold(args, *, own_process: bool = False) -> int:
 
     stems = F.output_names(r.id for r in records)
     want_probs = args.partition or args.plot
-    gamma = 1.0 if args.gamma is None else args.gamma
+    gamma = model.mea_gamma if args.gamma is None else args.gamma
     decoder = decoder_name(model, mea=args.mea, gamma=gamma)
     block_size = BLOCK_WITH_PROBS if want_probs else BLOCK
     plotted = []

@@ -98,6 +98,8 @@ class FoldModel:
     in kcal/mol when a score is the log-weight ``-E / kT`` of a free energy ``E``
     (then energies are printed, RNAfold style). ``description``: where the model came
     from, for messages; ``notes``: things the user should know about that choice.
+    ``mea_gamma``: the MEA ``gamma`` of ``--mea`` without ``--gamma`` (a shipped set's own, or a
+    training run's ``config.gamma``).
 
     >>> FoldModel(layers.default_params()).units
     'score'
@@ -111,6 +113,7 @@ class FoldModel:
     energy_kT: float | None = None
     description: str = "foldax.layers.default_params()"
     notes: tuple[str, ...] = ()
+    mea_gamma: float = 1.0
 
     @property
     def units(self) -> str:
@@ -444,7 +447,7 @@ def load_model(path: str | None, *, checkpoint: str = "best") -> FoldModel:
 def _model_of(params, provenance, *, notes=()) -> FoldModel:
     """A :class:`FoldModel` of loaded parameters: energy tables fold as an energy model."""
     energy_kT = layers.KT if layers.is_energy_params(params) else None
-    return FoldModel(params, energy_kT=energy_kT, description=provenance.line(),
+    return FoldModel(params, energy_kT=energy_kT, description=provenance.line(), mea_gamma=provenance.mea_gamma,
                      notes=(f"parameters: {provenance.line()}", *notes))
 
 
@@ -481,11 +484,12 @@ def _restore_workdir(workdir: str, which: str, exported: str) -> FoldModel:
     model = model[0] if isinstance(model, tuple) else model  # (model, optimizer) of a training state
     return _fold_model_of(model, workdir=workdir, which=which, step=step, steps=steps, metrics=metrics,
                           best_metric=config.get("best_metric", ""), exported=exported,
-                          min_hairpin=int(config.model.get("min_hairpin", 3)))
+                          min_hairpin=int(config.model.get("min_hairpin", 3)),
+                          mea_gamma=float(config.get("gamma", 1.0)))
 
 
-def _fold_model_of(model, *, workdir, which, step, steps, metrics, best_metric, exported, min_hairpin
-                   ) -> FoldModel:
+def _fold_model_of(model, *, workdir, which, step, steps, metrics, best_metric, exported, min_hairpin,
+                   mea_gamma=1.0) -> FoldModel:
     """A restored :mod:`foldax.model.models` model (``scores(tokens, lengths) -> (params, phi)``) for folding."""
     import jax
     from flax import nnx
@@ -511,7 +515,7 @@ def _fold_model_of(model, *, workdir, which, step, steps, metrics, best_metric, 
                      f"as --params to fold with it")
     return FoldModel(params, phi_fn=phi_fn, min_hairpin=min_hairpin,
                      energy_kT=getattr(model, "energy_kT", None), description=f"{workdir} ({what})",
-                     notes=tuple(notes))
+                     notes=tuple(notes), mea_gamma=mea_gamma)
 
 
 # --------------------------------------------------------------------------- #
@@ -548,7 +552,7 @@ def batches(records: Sequence[InputRecord], *, batch_size: int | None = None, ma
     return out
 
 
-def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, gamma: float = 1.0,
+def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, gamma: float | None = None,
                  partition: bool = False, probs: bool = False, min_hairpin: int | None = None,
                  batch_size: int | None = None, max_cells: int = DEFAULT_MAX_CELLS, programs=None,
                  progress=None) -> list[FoldResult]:
@@ -556,8 +560,8 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
 
     ``model``: a :class:`FoldModel` (its ``phi_fn``, if any, scores every batch), or
     plain parameters. ``mea``: maximum expected accuracy structure
-    (:func:`foldax.layers.mea_structure` with ``gamma``) instead of the best-scoring one.
-    ``partition``: also log Z (and, for an energy model, RNAfold's centroid structure).
+    (:func:`foldax.layers.mea_structure` with ``gamma``, default the model's ``mea_gamma``) instead
+    of the best-scoring one. ``partition``: also log Z (and, for an energy model, RNAfold's centroid structure).
     ``probs``: also keep each record's ``[n, n]`` pair probabilities. ``min_hairpin``:
     default the model's. ``batch_size``: at most this many sequences per batched call.
     ``programs``: a :class:`foldax.programs.FoldPrograms` (default: a new one, in memory);
@@ -569,6 +573,7 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
     if not isinstance(model, FoldModel):
         model = FoldModel(model, energy_kT=layers.KT if layers.is_energy_params(model) else None)
     programs = FoldPrograms(None) if programs is None else programs
+    gamma = model.mea_gamma if gamma is None else gamma
     params = jax.tree.map(np.asarray, layers.check_params(model.params))
     request = Request(decoder="mea" if mea else "mfe", partition=partition, probs=probs,
                       centroid=model.energy_kT is not None and partition, energy=layers.is_energy_params(params),

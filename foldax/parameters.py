@@ -37,13 +37,15 @@ REGISTRY = "registry.json"
 class Provenance:
     """Where parameters came from: ``name`` (registry name, or None for a file), ``source`` (the
     file, or the builtin function), ``grammar`` (``"turner"`` or ``"stacking"``), ``summary``
-    (one line) and ``details`` (the file's own provenance record, if it has one)."""
+    (one line), ``details`` (the file's own provenance record, if it has one) and ``mea_gamma``
+    (the MEA ``gamma`` of ``foldax fold --mea`` without ``--gamma``: the registry entry's, else 1)."""
 
     name: str | None
     source: str
     grammar: str
     summary: str
     details: str = ""
+    mea_gamma: float = 1.0
 
     def line(self) -> str:
         """One line for stderr: ``turner2004: Turner 2004 ... (layers/data/...; source: ...)``."""
@@ -109,7 +111,8 @@ def load(spec: str, *, dtype=None):
     if spec in registry:
         entry = registry[spec]
         source = f"foldax.layers.{entry['builtin']}()" if "builtin" in entry else f"layers/data/{entry['file']}"
-        return params, Provenance(spec, source, grammar, entry["summary"], details)
+        return params, Provenance(spec, source, grammar, entry["summary"], details,
+                                  float(entry.get("mea_gamma", {}).get("value", 1.0)))
     summary = {"turner": "Turner-model free energies", "stacking": "stacking-model scores"}[grammar]
     return params, Provenance(None, spec, grammar, f"{summary} from a file", details)
 

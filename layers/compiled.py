@@ -23,7 +23,7 @@ persistent cache), so only time is lost. Example, a script that folds many lengt
         watch(tokens.shape)                  # releases programs only when mappings run short
         probs = layers.pair_probs(params, tokens, lengths)
 
-Nothing here imports JAX until programs are actually released.
+This module imports JAX only to release programs (reading the counts needs none).
 """
 
 from __future__ import annotations

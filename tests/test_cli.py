@@ -754,6 +754,23 @@ def test_turner_model_prints_rnafold_numbers(capsys, tmp_path, fasta):
         assert line.endswith(f"({energy:6.2f})")
 
 
+def test_mea_without_gamma_uses_the_parameter_sets_own(capsys):
+    """``--mea`` alone decodes with the parameter set's gamma: 0.5 for turner2004 (the registry's,
+    chosen by family-fold on ArchiveII), 1 for a set without one. On this sequence the two differ."""
+    from foldax import parameters
+
+    assert parameters.load("turner2004")[1].mea_gamma == 0.5
+    assert parameters.load("stacking")[1].mea_gamma == 1.0
+    seq = "GCAUUAACAUGGCGUAUACUUAUUCCUUGCAUCGGACGAG"
+    own = run(capsys, ["fold", seq, "--mea", "--params", "turner2004"])
+    assert own[0] == 0, own[2]
+    half = run(capsys, ["fold", seq, "--mea", "--gamma", "0.5", "--params", "turner2004"])
+    one = run(capsys, ["fold", seq, "--mea", "--gamma", "1", "--params", "turner2004"])
+    assert own[1] == half[1] != one[1]
+    plain = run(capsys, ["fold", seq, "--mea", "--params", "stacking"])
+    assert plain[1] == run(capsys, ["fold", seq, "--mea", "--gamma", "1", "--params", "stacking"])[1]
+
+
 def test_the_command_keeps_its_programs_and_imports_no_training_stack(tmp_path):
     """``foldax fold`` as its own process: the second call loads the program the first one saved, and
     the fold path imports nothing of the training stack (TensorFlow, Grain, Orbax, Optax, Flax...)."""
