@@ -61,6 +61,8 @@ def main(argv=None) -> int:
     parser.add_argument("--gammas", default=",".join(map(str, GAMMAS)))
     parser.add_argument("--families", default="", help="comma-separated codes (default: all ten)")
     parser.add_argument("--rnafold-cache", default="", help="a foldax RNAfold cache file (JSON lines)")
+    parser.add_argument("--dump", default="", help="a folder: per family, an .npz of every sequence's length, "
+                        "reference and predicted pair tables and pair probabilities >= 1e-4 (to try decoders offline)")
     args = parser.parse_args(argv)
 
     from foldax import layers
@@ -98,6 +100,8 @@ def main(argv=None) -> int:
             continue
         f1 = {name: [] for name in ["mfe", "rnafold", *map(str, gammas)]}
         by_bucket: dict = {}
+        dumped: dict = {"length": [], "truth": [], "mfe": [], "rnafold": [], "prob_row": [], "prob_i": [],
+                        "prob_j": [], "prob": []}
         for ex in examples:
             bucket = next(b for b in buckets if b >= len(ex["sequence"]))
             by_bucket.setdefault(bucket, []).append(ex)
@@ -120,10 +124,31 @@ def main(argv=None) -> int:
                     preds["rnafold"] = _rnafold_tables(RNA, [ex["sequence"] for ex in chunk], bucket, cache)
                 for name, pred in preds.items():
                     f1[name].extend(np.asarray(score(np.asarray(pred), truth, lengths)["f1"])[:n].tolist())
+                if args.dump:
+                    probs = np.asarray(probs)
+                    for row, ex in enumerate(chunk[:n]):
+                        i, j = np.nonzero(np.triu(probs[row]) >= 1e-4)
+                        dumped["prob_row"].append(np.full(i.shape, len(dumped["length"]), np.int32))
+                        dumped["prob_i"].append(i.astype(np.int16))
+                        dumped["prob_j"].append(j.astype(np.int16))
+                        dumped["prob"].append(probs[row, i, j].astype(np.float32))
+                        size = len(ex["sequence"])
+                        dumped["length"].append(size)
+                        dumped["truth"].append(truth[row, :size])
+                        dumped["mfe"].append(np.asarray(preds["mfe"])[row, :size])
+                        if "rnafold" in preds:
+                            dumped["rnafold"].append(np.asarray(preds["rnafold"])[row, :size])
             # Each Turner program holds thousands of memory mappings while JAX keeps it; all buckets'
             # programs in one process exceed Linux's 65,530 (XLA: "Unable to allocate section memory").
             layers.release_compiled_programs()
         per_family[family] = {"n_seqs": len(examples), **{k: float(np.mean(v)) for k, v in f1.items() if v}}
+        if args.dump:
+            Path(args.dump).mkdir(parents=True, exist_ok=True)
+            flat = {k: np.concatenate(dumped[k]) for k in ("prob_row", "prob_i", "prob_j", "prob")}
+            for k in ("truth", "mfe", "rnafold"):  # pair tables, concatenated in order of "length"
+                flat[k] = np.concatenate(dumped[k]) if dumped[k] else np.zeros(0, np.int32)
+            np.savez_compressed(Path(args.dump) / f"{family}.npz", length=np.asarray(dumped["length"]), **flat,
+                                **{f"f1_{k}": np.asarray(v) for k, v in f1.items() if v})
         Path(args.out).write_text(json.dumps({"gammas": gammas, "max_length": args.max_length,
                                               "per_family": per_family}, indent=1))
         print(f"# {family}: {len(examples)} sequences, {time.time() - t0:.0f} s: "
