@@ -62,7 +62,8 @@ def main(argv=None) -> int:
     parser.add_argument("--families", default="", help="comma-separated codes (default: all ten)")
     parser.add_argument("--rnafold-cache", default="", help="a foldax RNAfold cache file (JSON lines)")
     parser.add_argument("--dump", default="", help="a folder: per family, an .npz of every sequence's length, "
-                        "reference and predicted pair tables and pair probabilities >= 1e-4 (to try decoders offline)")
+                        "reference and predicted pair tables and pair probabilities >= 1e-4 (to try decoders offline; "
+                        "a family already in --out is not measured, so not dumped, again)")
     args = parser.parse_args(argv)
 
     from foldax import layers
