@@ -98,16 +98,11 @@ def rules(gammas):
     yield from ((t, s, l) for t in THRESHOLDS[1:] for s, l in itertools.product(gammas, gammas) if s != l)
 
 
-def choose(families: dict, held_out: str, gammas):
-    """The rule with the best mean over the families other than ``held_out`` of their mean F1."""
+def best_on_others(candidates, family_f1, families, held_out: str, tie):
+    """The candidate with the best mean over the families other than ``held_out`` of
+    ``family_f1(family, candidate)``; among equal means, the largest ``tie(candidate)``."""
     others = [f for f in families if f != held_out]
-
-    def key(rule):
-        threshold, short, long = rule
-        mean = np.mean([rule_f1(families[f], *rule) for f in others])
-        return (round(float(mean), 12), threshold == 0, -abs(np.log(short)) - abs(np.log(long)))
-
-    return max(rules(gammas), key=key)
+    return max(candidates, key=lambda c: (round(float(np.mean([family_f1(f, c) for f in others])), 12), tie(c)))
 
 
 def main(argv=None) -> int:
@@ -125,12 +120,13 @@ def main(argv=None) -> int:
     knots = {name: {t: float(np.mean(v)) for t, v in threshknot_f1(family, KNOT_THRESHOLDS).items()}
              for name, family in families.items()}
     for name, family in families.items():
-        threshold, short, long = choose(families, name, gammas)
-        fixed = max(((0, g, g) for g in gammas),
-                    key=lambda r: (round(float(np.mean([rule_f1(families[f], *r) for f in families if f != name])), 12),
-                                   -abs(np.log(r[1]))))
-        knot = max(KNOT_THRESHOLDS, key=lambda t: (round(float(np.mean([knots[f][t] for f in families if f != name])),
-                                                             12), -abs(t - 0.3)))
+        # ties: the fixed rule, then gammas nearer 1; ThreshKnot's threshold nearer its paper's 0.3
+        threshold, short, long = best_on_others(
+            rules(gammas), lambda f, r: rule_f1(families[f], *r), families, name,
+            tie=lambda r: (r[0] == 0, -abs(np.log(r[1])) - abs(np.log(r[2]))))
+        fixed = best_on_others([(0, g, g) for g in gammas], lambda f, r: rule_f1(families[f], *r), families, name,
+                               tie=lambda r: -abs(np.log(r[1])))
+        knot = best_on_others(KNOT_THRESHOLDS, lambda f, t: knots[f][t], families, name, tie=lambda t: -abs(t - 0.3))
         row = (rule_f1(family, threshold, short, long), rule_f1(family, *fixed), knots[name][knot],
                float(np.mean(family["rnafold"])))
         rows.append(row)
