@@ -530,3 +530,70 @@ def test_eval_while_training_skips_the_step_being_sealed(trained, tmp_path, capl
     restored.manager.close()
     assert restored.step == 10
     assert f"damaged checkpoint step 20 ({workdir}/checkpoints/20): {MANIFEST} is missing" in caplog.text
+
+
+def _orphaned_failure(kind: str, text: str) -> None:
+    """A ``kind`` (Future, Task or _GatheringFuture) failed with ``ValueError(text)`` and garbage-collected
+    unretrieved, as Orbax's write futures are after a failed save: asyncio logs it from ``__del__``."""
+    import asyncio
+    import gc
+
+    async def fail():
+        raise ValueError(text)
+
+    async def make():
+        if kind == "Future":
+            future = asyncio.get_running_loop().create_future()
+            future.set_exception(ValueError(text))
+            return future
+        return asyncio.ensure_future(fail()) if kind == "Task" else asyncio.gather(fail())
+
+    loop = asyncio.new_event_loop()
+    try:
+        future = loop.run_until_complete(make())
+        loop.run_until_complete(asyncio.wait([future]))
+        del future
+        gc.collect()
+    finally:
+        loop.close()
+
+
+def test_orphaned_orbax_futures_are_one_line_then_silent_after_a_checkpoint_error(caplog, monkeypatch):
+    import logging
+    import sys
+
+    from foldax.train.checkpointing import CheckpointError
+
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    orbax_error = 'RESOURCE_EXHAUSTED: Error writing "x" at "/tmp/run/checkpoints/20.orbax-checkpoint-tmp/d/1"'
+    kinds = ("Future", "Task", "_GatheringFuture")
+    asyncio_logger = logging.getLogger("asyncio")
+    before = list(asyncio_logger.filters)
+
+    def reports():
+        return [r for r in caplog.records if "exception was never retrieved" in r.getMessage()]
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        with trainer._orbax_errors_in_one_line():
+            for kind in kinds:
+                _orphaned_failure(kind, orbax_error)
+            _orphaned_failure("Future", "not a checkpoint")
+        shortened, other = reports()[:3], reports()[3:]
+        assert [r.getMessage().split(" ")[0] for r in shortened] == list(kinds)
+        assert all(r.exc_info is None and "\n" not in r.getMessage() for r in shortened)
+        assert len(other) == 1 and other[0].exc_info is not None  # anything else keeps its traceback
+        assert asyncio_logger.filters == before  # removed after a run that ended well
+
+        caplog.clear()
+        try:
+            with pytest.raises(CheckpointError), trainer._orbax_errors_in_one_line():
+                raise CheckpointError("could not write the checkpoint of step 20")
+            for kind in kinds:
+                _orphaned_failure(kind, orbax_error)
+            assert reports() == []
+            _orphaned_failure("Task", "not a checkpoint")
+            assert len(reports()) == 1
+        finally:
+            asyncio_logger.filters[:] = before
+            logging.getLogger("absl").filters[:] = [f for f in logging.getLogger("absl").filters
+                                                    if not isinstance(f, trainer._OrbaxErrorsInOneLine)]

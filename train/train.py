@@ -75,10 +75,12 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -654,9 +656,33 @@ class _OrbaxErrorsInOneLine(logging.Filter):
         return True
 
 
-def _orphaned_orbax_task(record: logging.LogRecord) -> bool:
-    """False for asyncio's 'Task exception was never retrieved' about an Orbax write (a filter)."""
-    return not (record.getMessage().startswith("Task exception was never retrieved") and "orbax" in record.getMessage())
+class _OrphanedOrbaxFutures(logging.Filter):
+    """asyncio's ``<Task|Future|_GatheringFuture> exception was never retrieved`` about an Orbax write,
+    logged (with a traceback) when a failed save's futures are garbage-collected: shortened to one line
+    while training runs, and dropped (``drop = True``) once a :class:`CheckpointError` has said it all."""
+
+    _NEVER_RETRIEVED = re.compile(r"\w+ exception was never retrieved")
+
+    def __init__(self):
+        super().__init__()
+        self.drop = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not (self._NEVER_RETRIEVED.match(message) and _mentions_orbax(message, record.exc_info)):
+            return True
+        if self.drop:
+            return False
+        record.msg, record.args = message.splitlines()[0] + " (an Orbax write; traceback omitted)", ()
+        record.exc_info = record.exc_text = record.stack_info = None
+        return True
+
+
+def _mentions_orbax(message: str, exc_info) -> bool:
+    if "orbax" in message:
+        return True
+    exc = exc_info[1] if exc_info else None
+    return exc is not None and any("orbax" in frame.filename for frame in traceback.extract_tb(exc.__traceback__))
 
 
 def _event_loop_closed_hook(previous):
@@ -669,26 +695,29 @@ def _event_loop_closed_hook(previous):
 
 @contextlib.contextmanager
 def _orbax_errors_in_one_line():
-    """:class:`_OrbaxErrorsInOneLine`, and silence for the ``Event loop is closed`` errors TensorStore's
-    callbacks raise (unraisable, each printed with a traceback) when a failed save's event loop is gone.
+    """:class:`_OrbaxErrorsInOneLine` and :class:`_OrphanedOrbaxFutures`, and silence for the ``Event loop
+    is closed`` errors TensorStore's callbacks raise (unraisable, each printed with a traceback) when a
+    failed save's event loop is gone.
 
-    After a :class:`CheckpointError` both stay, with a filter for asyncio's reports of Orbax's orphaned
-    write tasks, which come when those are garbage-collected (often at exit): the error said it all.
+    After a :class:`CheckpointError` all stay (the orphaned futures are often collected at exit), and
+    asyncio's reports of them are dropped: the error said it all.
     """
     absl_logger, one_line = logging.getLogger("absl"), _OrbaxErrorsInOneLine()
+    asyncio_logger, orphans = logging.getLogger("asyncio"), _OrphanedOrbaxFutures()
     previous_hook = sys.unraisablehook
     absl_logger.addFilter(one_line)
+    asyncio_logger.addFilter(orphans)
     sys.unraisablehook = _event_loop_closed_hook(previous_hook)
     keep = False
     try:
         yield
     except CheckpointError:
-        logging.getLogger("asyncio").addFilter(_orphaned_orbax_task)
-        keep = True
+        orphans.drop = keep = True
         raise
     finally:
         if not keep:
             absl_logger.removeFilter(one_line)
+            asyncio_logger.removeFilter(orphans)
             sys.unraisablehook = previous_hook
 
 
