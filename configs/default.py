@@ -83,6 +83,7 @@ def get_config():
     config.decoders = ("mea", "best")
     config.gamma = 1.0  # MEA
     config.best_metric = "mea/f1"  # validation metric that picks the best checkpoint
+    config.eval_test = True  # evaluate the best checkpoint on the test split at the end (summary.json)
 
     config.log_every = 25
     config.eval_every = 250

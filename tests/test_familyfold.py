@@ -123,7 +123,8 @@ def run(tsv, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(trainer, "train_and_evaluate", spy)
-        result = ff.familyfold(tiny_config(tsv), workdir, families=["tRNA", "5s"], config_name="tiny")
+        result = ff.familyfold(tiny_config(tsv), workdir, families=["tRNA", "5s"], config_name="tiny",
+                               cross_check=True)
     return workdir, result, calls
 
 
@@ -291,6 +292,9 @@ def test_resume_skips_finished_families_and_finishes_a_half_trained_one(run, tsv
     second = ff.familyfold(config, workdir, families=["tRNA", "5s"], config_name="tiny")
     assert calls == ["5s"] and second["status"] == "finished"
     assert second["families"]["5s"]["training"]["resumed_from_step"] == 2
+    # without cross_check (the default) the training runs leave the held-out family to familyfold
+    assert "summary_test_mea_f1" not in second["families"]["5s"]["checks"]
+    assert not any(k.startswith("test/") for k in json.loads((Path(workdir) / "5s" / "summary.json").read_text()))
     for family in ("tRNA", "5s"):
         for m, values in result0["families"][family]["methods"].items():
             for key, value in values.items():

@@ -112,7 +112,7 @@ SAFE_FIELDS = frozenset({
     "num_train_steps", "num_epochs",  # more (or fewer) steps; a cosine schedule stretches with them
     "log_every", "eval_every", "eval_at_start", "checkpoint_every", "keep_checkpoints", "async_checkpointing", "progress_bar",
     "compilation_cache_dir",
-    "eval_batch_size", "decoders", "gamma", "best_metric",  # validation / test metrics only
+    "eval_batch_size", "decoders", "gamma", "best_metric", "eval_test",  # validation / test metrics only
     "init", "model.init", "model.init_scale",  # used only when a run starts
     "model.num_chunks",  # how the DP is chunked, not what it computes
     "data.num_threads", "data.prefetch",

@@ -143,7 +143,7 @@ def _copy(config):
 
 
 def family_config(config, family: str, *, test_lengths, max_eval_length: int = 0,
-                  max_batch_cells: int = DEFAULT_MAX_BATCH_CELLS, num_devices: int = 1):
+                  max_batch_cells: int = DEFAULT_MAX_BATCH_CELLS, num_devices: int = 1, cross_check: bool = False):
     """The training config of ``family``'s fold (a copy of ``config``).
 
     ``data.fold = family``; ``data.max_eval_length`` = ``max_eval_length``, or
@@ -152,7 +152,9 @@ def family_config(config, family: str, *, test_lengths, max_eval_length: int = 0
     :func:`extra_buckets`; ``eval_batch_size`` lowered where its largest
     evaluation batch would exceed ``max_batch_cells`` chart cells.
     Training fields (``data.max_length``, ``data.buckets``, the optimizer, ...)
-    are untouched.
+    are untouched. ``eval_test`` = ``cross_check``: the training run's own
+    evaluation of the held-out family, which :func:`run_family` then repeats
+    beside RNAfold, is skipped unless a cross-check is asked for.
     """
     from foldax.train.compare import eval_batch_sizes
 
@@ -165,6 +167,7 @@ def family_config(config, family: str, *, test_lengths, max_eval_length: int = 0
         cfg.data.fold = family
         cfg.data.max_eval_length = cap
         cfg.data.eval_buckets = buckets
+        cfg.eval_test = bool(cross_check)
     eval_batch = int(cfg.get("eval_batch_size", cfg.batch_size))
     if max_batch_cells:
         cfg.eval_batch_size = min(eval_batch, eval_batch_sizes(buckets[-1:], eval_batch, max_batch_cells=max_batch_cells,
@@ -275,8 +278,13 @@ def _load_summary(path: str) -> dict | None:
 
 
 def run_family(config, workdir: str, family: str, *, family_rows: list[dict], max_eval_length: int = 0,
-               rnafold: bool = True, max_batch_cells: int = DEFAULT_MAX_BATCH_CELLS) -> dict | None:
+               rnafold: bool = True, max_batch_cells: int = DEFAULT_MAX_BATCH_CELLS,
+               cross_check: bool = False) -> dict | None:
     """Trains (or resumes) and evaluates one fold; returns its record, or None after a SIGTERM stop.
+
+    ``cross_check``: the training run evaluates the held-out family too, and the record's
+    ``checks["summary_test_mea_f1"]`` holds its MEA F1, to equal this evaluation's (a check of the
+    chain that doubles the evaluation time).
 
     A finished family (``<workdir>/<family>/familyfold_family.json``) is read, not redone.
     """
@@ -301,7 +309,7 @@ def run_family(config, workdir: str, family: str, *, family_rows: list[dict], ma
     test_lengths = [ex["length"] for ex in load_splits(probe.data, min_hairpin=min_hairpin, seed=int(config.seed),
                                                       splits=("test",))["test"]]
     fcfg = family_config(config, family, test_lengths=test_lengths, max_eval_length=max_eval_length,
-                         max_batch_cells=max_batch_cells, num_devices=jax.device_count())
+                         max_batch_cells=max_batch_cells, num_devices=jax.device_count(), cross_check=cross_check)
     splits = load_splits(fcfg.data, min_hairpin=min_hairpin, seed=int(fcfg.seed))  # as train_and_evaluate does
     checks = _leakage_checks(splits, family)
 
@@ -370,11 +378,13 @@ def aggregate(records: dict) -> dict:
 
 
 def familyfold(config, workdir: str, *, families=None, max_eval_length: int = 0, rnafold: bool = True,
-               max_batch_cells: int = DEFAULT_MAX_BATCH_CELLS, config_name: str = "") -> dict:
+               max_batch_cells: int = DEFAULT_MAX_BATCH_CELLS, config_name: str = "",
+               cross_check: bool = False) -> dict:
     """Runs (or resumes) the family folds; writes and returns ``familyfold.json``'s content.
 
     ``families``: family codes (default all of :data:`foldax.data.archiveii.FAMILIES`),
     run in that order; the outputs cover every finished family of ``workdir``.
+    ``cross_check``: see :func:`run_family`.
     """
     from foldax.data.archiveii import FAMILIES, load_archiveii
     from foldax.layers.compiled import release_compiled_programs
@@ -403,7 +413,8 @@ def familyfold(config, workdir: str, *, families=None, max_eval_length: int = 0,
     for k, family in enumerate(families, start=1):
         _say(f"familyfold: family {k}/{len(families)}: {family} ({FAMILY_NAMES[family]})")
         record = run_family(config, workdir, family, family_rows=[r for r in rows if r["family"] == family],
-                            max_eval_length=max_eval_length, rnafold=rnafold, max_batch_cells=max_batch_cells)
+                            max_eval_length=max_eval_length, rnafold=rnafold, max_batch_cells=max_batch_cells,
+                            cross_check=cross_check)
         if record is None:
             status = "preempted"
             _say(f"familyfold: stopped during {family} (SIGTERM); run the same command again to resume")
@@ -567,6 +578,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"at most C chart cells (rows x length^2) per evaluation batch "
                              f"(default {DEFAULT_MAX_BATCH_CELLS})")
     parser.add_argument("--no-rnafold", dest="rnafold", action="store_false", help="skip RNAfold")
+    parser.add_argument("--cross-check", action="store_true",
+                        help="each training run evaluates its held-out family too, which must equal familyfold's "
+                             "own evaluation (checks.summary_test_mea_f1; doubles the evaluation time)")
     return parser
 
 
@@ -608,7 +622,8 @@ def main(argv: list[str] | None = None) -> int:
         families = [f.strip() for f in args.families.split(",") if f.strip()]
         config_name = (args.config or "") + "".join(f" --config.{k}={v}" for k, v in overrides)
         result = familyfold(config, args.workdir, families=families, max_eval_length=args.max_eval_length,
-                            rnafold=args.rnafold, max_batch_cells=args.max_batch_cells, config_name=config_name)
+                            rnafold=args.rnafold, max_batch_cells=args.max_batch_cells, config_name=config_name,
+                            cross_check=args.cross_check)
     except TrainingDiverged as err:
         print(f"foldax familyfold: {err}", file=sys.stderr)
         return 1

@@ -773,13 +773,14 @@ def _train_and_evaluate(config, workdir: str, t_start: float) -> dict:
             saver.finish()
             if status == "finished":
                 best = manager.best_step() if config.get("best_metric", "mea/f1") else None
-                eval_state = state
-                if best is not None and best != train_info["step"]:
-                    eval_state = _restore(manager, best, state, mesh)
                 summary["best_step"] = best if best is not None else train_info["step"]
                 best_valid = train_info["valid"].get(best) or (manager.metrics(best) if best is not None else None)
                 if best_valid:
                     summary.update({f"valid/{k}": v for k, v in best_valid.items()})
+            if status == "finished" and config.get("eval_test", True):  # off: the caller evaluates it
+                eval_state = state
+                if best is not None and best != train_info["step"]:
+                    eval_state = _restore(manager, best, state, mesh)
                 t = time.time()
                 test = evaluate(eval_step, eval_state, pipes["test"], mesh)
                 summary.update({f"test/{k}": v for k, v in test.items()})
