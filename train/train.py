@@ -734,7 +734,8 @@ def _train_and_evaluate(config, workdir: str, t_start: float) -> dict:
     min_hairpin = int(config.model.get("min_hairpin", 3))
     splits = load_splits(config.data, min_hairpin=min_hairpin, seed=int(config.seed), grammar=grammar_of(config.model))
     _say("data: " + describe_splits(splits))
-    pipes = _pipelines(config, splits, ("train", "valid", "test"), training=True)
+    eval_test = bool(config.get("eval_test", True))
+    pipes = _pipelines(config, splits, ("train", "valid") + (("test",) if eval_test else ()), training=True)
     num_steps = _num_steps(config, pipes["train"])
     _set_aside_damaged(workdir)
 
@@ -777,7 +778,7 @@ def _train_and_evaluate(config, workdir: str, t_start: float) -> dict:
                 best_valid = train_info["valid"].get(best) or (manager.metrics(best) if best is not None else None)
                 if best_valid:
                     summary.update({f"valid/{k}": v for k, v in best_valid.items()})
-            if status == "finished" and config.get("eval_test", True):  # off: the caller evaluates it
+            if status == "finished" and eval_test:  # off: the caller evaluates the test split (familyfold)
                 eval_state = state
                 if best is not None and best != train_info["step"]:
                     eval_state = _restore(manager, best, state, mesh)
