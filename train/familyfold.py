@@ -104,7 +104,8 @@ TABLE_METRICS = (("f1", "F1"), ("f1_slip", "F1 +-1"), ("mcc", "MCC"), ("precisio
                  ("recall", "recall"))
 #: Config fields that do not change a result; a rerun may change them.
 VOLATILE_FIELDS = ("progress_bar", "compilation_cache_dir", "async_checkpointing", "log_every",
-                   "data.num_threads", "data.prefetch")
+                   "data.num_threads", "data.prefetch",
+                   "eval_test")  # set per fold by --cross-check
 RESULT_NAME = "familyfold_family.json"
 
 
