@@ -5,7 +5,8 @@
 
 The file goes to ``layers/data/FILE`` (a name in ``layers/data/registry.json``). Its provenance is what
 ``foldax export-params`` records (workdir, checkpoint, step, validation metrics, model / data / optimizer
-config, foldax commit) plus the recipe, the run's held-out test metrics (``summary.json``) and, with
+config, foldax commit) plus the recipe, the run's held-out test metrics (``summary.json``, if it evaluated
+a test split) and, with
 ``--familyfold``, the family-fold means of the same recipe (each family held out in turn; the
 validation split never holds the held-out family), so that a user can see what to expect on RNA families
 the parameters never saw.
@@ -40,8 +41,9 @@ def main(argv=None):
     with open(os.path.join(args.workdir, "summary.json")) as fh:
         summary = json.load(fh)
     provenance["recipe"] = args.recipe
-    provenance["test_metrics"] = {k[len("test/"):]: v for k, v in summary.items() if k.startswith("test/")}
-    provenance["test_metrics"]["n_seqs"] = summary.get("data/test")
+    test = {k[len("test/"):]: v for k, v in summary.items() if k.startswith("test/")}
+    if test:  # a run with eval_test = False has none
+        provenance["test_metrics"] = test | {"n_seqs": summary.get("data/test")}
     if args.familyfold:
         with open(args.familyfold) as fh:
             ff = json.load(fh)
