@@ -142,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     fold.add_argument("-i", "--input", metavar="FILE", help="read records from FILE ('-' = stdin)")
     fold.add_argument("--params", metavar="NAME|FILE|WORKDIR",
                       help="the parameters: a shipped set by name (turner2004: Turner 2004 free energies, RNAfold's; "
-                           "stacking: the stacking model trained on ArchiveII; handset: hand-set stacking scores), a "
+                           "stacking: the stacking model trained on ArchiveII; handset: hand-set stacking scores; "
+                           "andronescu2007, langdon2018: ViennaRNA's other energy sets), a "
                            "file (.par ViennaRNA parameter file, .json Turner tables, .npz from 'foldax "
                            "export-params'), or a training workdir (its best checkpoint, the whole model); default: "
                            f"{DEFAULT_PARAMS}. stderr says which parameters were used and where they came from")

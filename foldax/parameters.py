@@ -5,7 +5,9 @@ A name is looked up in the registry ``layers/data/registry.json`` (:func:`shippe
 * ``turner2004`` -- the Turner 2004 free energies as ViennaRNA 2.x uses them (RNAfold's);
 * ``stacking`` -- the stacking model trained on ArchiveII (``configs/default.py``, random split);
 * ``handset`` (or ``default``) -- :func:`foldax.layers.default_params`, hand-set stacking scores
-  (no training).
+  (no training);
+* ``andronescu2007``, ``langdon2018`` -- ViennaRNA's other RNA parameter sets (``.par`` files), fit to
+  known structures from the databases ArchiveII also draws on: ArchiveII scores flatter them.
 
 :data:`DEFAULT` is what ``foldax fold`` uses without ``--params``. A path may be a ViennaRNA
 ``.par`` file (:func:`foldax.layers.load_parameter_file`), a ``.json`` Turner table file in the
@@ -80,7 +82,7 @@ def load(spec: str, *, dtype=None):
     ValueError (an unreadable or malformed file, naming it).
     """
     from foldax import layers
-    from foldax.layers.params_io import ALIASES
+    from foldax.layers.params_io import ALIASES, shipped_file
 
     registry = shipped()
     spec = ALIASES.get(spec, spec)
@@ -99,8 +101,8 @@ def load(spec: str, *, dtype=None):
         dtype = jnp.zeros(()).dtype
     try:
         params = layers.load_params(spec, dtype=dtype)
-        details = _describe(layers.read_provenance(spec) if spec in registry or not spec.endswith(".par")
-                            else _par_comment(spec))
+        path = shipped_file(spec) if spec in registry else spec
+        details = _par_comment(path) if path and path.endswith(".par") else _describe(layers.read_provenance(spec))
     except FileNotFoundError as err:
         raise FileNotFoundError(f"--params {err}") from None
     except (OSError, ValueError) as err:  # their messages start with the file's name

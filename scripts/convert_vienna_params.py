@@ -1,9 +1,11 @@
-"""Writes layers/data/rna_turner2004.json from ViennaRNA's default (Turner 2004) parameter set.
+"""Writes layers/data/rna_turner2004.json from ViennaRNA's default (Turner 2004) parameter set, and
+the other sets foldax ships as ViennaRNA ``.par`` files (``--par``).
 
 Run once, with the `viennarna` Python package installed (a test extra):
 
     .venv/bin/python scripts/convert_vienna_params.py            # writes the packaged data file
     .venv/bin/python scripts/convert_vienna_params.py --check    # compares it with a fresh conversion
+    .venv/bin/python scripts/convert_vienna_params.py --par langdon2018 [--check]   # rna_langdon2018.par
 
 ViennaRNA writes its current parameter set with ``RNA.params_save`` (the ``.par`` format); this
 script parses that file with foldax's own reader (``foldax.layers.energy_params``), starting from an
@@ -87,6 +89,41 @@ def convert() -> dict:
     }
 
 
+#: ``--par`` sets: ViennaRNA loader, citation, and the data they were fit to (which overlaps ArchiveII).
+PAR_SETS = {
+    "andronescu2007": ("params_load_RNA_Andronescu2007",
+                       "Andronescu M, Condon A, Hoos HH, Mathews DH, Murphy KP (2007) Efficient parameter estimation "
+                       "for RNA secondary structure prediction. Bioinformatics 23:i19-i28.",
+                       "fit to known secondary structures (RNA STRAND's sources: tRNA, 5S/16S/23S rRNA, SRP, "
+                       "RNase P, ... -- the sources of ArchiveII too) and optical melting data"),
+    "langdon2018": ("params_load_RNA_Langdon2018",
+                    "Langdon WB, Petke J, Lorenz R (2018) Evolving better RNAfold structure prediction. "
+                    "EuroGP 2018, LNCS 10781:220-236.",
+                    "evolved by genetic programming on 4,655 known secondary structures from RNA STRAND (whose "
+                    "sources are ArchiveII's too)"),
+}
+
+
+def par_text(name: str) -> str:
+    """ViennaRNA's parameter set ``name`` (:data:`PAR_SETS`) as ``RNA.params_save`` writes it, with a
+    provenance comment under the first line; ViennaRNA is left holding Turner 2004."""
+    import RNA
+
+    loader, citation, data = PAR_SETS[name]
+    getattr(RNA, loader)()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = pathlib.Path(tmp) / f"rna_{name}.par"
+            if not RNA.params_save(str(path)):
+                raise RuntimeError("RNA.params_save failed")
+            first, rest = path.read_text().split("\n", 1)
+    finally:
+        RNA.params_load_RNA_Turner2004()
+    about = [f"source: ViennaRNA {RNA.__version__}, RNA.{loader}, written by RNA.params_save "
+             f"(scripts/convert_vienna_params.py --par {name})", f"citation: {citation}", f"data: {data}"]
+    return first + "\n" + "".join(f"/* {line} */\n" for line in about) + rest
+
+
 def _nan_raw() -> dict:
     raw = {key: np.full(ep._raw_shape(key), np.nan) for key in ep._AXES}
     for key in ("hairpin", "bulge", "interior"):
@@ -122,7 +159,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="compare the packaged file with a fresh conversion")
     parser.add_argument("--out", type=pathlib.Path, default=OUT)
+    parser.add_argument("--par", choices=sorted(PAR_SETS), help="write (or --check) layers/data/rna_NAME.par instead")
     args = parser.parse_args(argv)
+    if args.par:
+        out = OUT.parent / f"rna_{args.par}.par"
+        text = par_text(args.par)
+        if args.check:  # the provenance line names the ViennaRNA version; compare what follows it
+            same = out.read_text().split("*/\n", 3)[-1] == text.split("*/\n", 3)[-1]
+            print(f"{out}: {'identical to' if same else 'DIFFERS from'} a fresh RNA.params_save")
+            return 0 if same else 1
+        out.write_text(text)
+        print(f"wrote {out} ({out.stat().st_size / 1e3:.0f} kB)")
+        return 0
     data = convert()
     if args.check:
         packaged = json.loads(args.out.read_text())

@@ -520,6 +520,39 @@ def test_shipped_parameter_sets_and_files(tmp_path, capsys):
     assert layers.read_provenance("stacking")["familyfold"]["complete"]
 
 
+@pytest.mark.parametrize("name, vienna", [("andronescu2007", "Andronescu2007"), ("langdon2018", "Langdon2018")])
+def test_shipped_vienna_parameter_sets_are_viennas(name, vienna, capsys):
+    """``andronescu2007`` / ``langdon2018``: the file is what ``RNA.params_save`` writes for that set, and
+    its energies are ViennaRNA's under it."""
+    import subprocess
+
+    RNA = pytest.importorskip("RNA")
+    from foldax import parameters
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "convert_vienna_params.py"
+    check = subprocess.run([sys.executable, str(script), "--par", name, "--check"], capture_output=True, text=True,
+                           timeout=300)
+    assert check.returncode == 0 and "identical to a fresh RNA.params_save" in check.stdout, check.stdout + check.stderr
+    tables, about = parameters.load(name)
+    assert about.grammar == "turner" and about.name == name and f"RNA.params_load_RNA_{vienna}" in about.details
+    assert about.source == f"layers/data/rna_{name}.par"
+    sequence = "GGGAAAUCCGCGCAUAGCGCGAAAGCUUCGGCAAUCCGUACGAUGC"
+    getattr(RNA, f"params_load_RNA_{vienna}")()
+    try:
+        fc = RNA.fold_compound(sequence)
+        mfe_structure, mfe = fc.mfe()
+        structures = {mfe_structure, *(s.structure for s in fc.subopt(150))}
+        expected = {s: fc.eval_structure(s) for s in structures}
+    finally:
+        RNA.params_load_RNA_Turner2004()  # ViennaRNA's parameters are global: the other tests expect its default
+    assert len(expected) > 3
+    for structure, energy in expected.items():
+        got = float(layers.free_energy(tables, layers.encode(sequence), structure))
+        assert got == pytest.approx(energy, abs=2e-3), structure
+    rc, out, err = run(capsys, ["fold", sequence, "--params", name])
+    assert rc == 0 and f"parameters: {name}: " in err and out.splitlines()[-1].endswith(f" ({mfe:6.2f})")
+
+
 def test_a_registry_entry_without_its_file_is_a_clear_error(capsys, monkeypatch):
     from foldax import parameters
     from foldax.layers import params_io

@@ -92,6 +92,10 @@ def test_wheel_in_a_fresh_venv_outside_the_repository(tmp_path):
     assert out["bare"] == [] and "foldax.layers.chart" in out["imported"]
     where = _run(python, "import foldax.layers; print(foldax.layers.__file__)", work).strip()
     assert where.startswith(str(site)), where
+    missing = _run(python, "import os; from foldax.layers import params_io as p; "
+                           "print([n for n in p.shipped_params() if p.shipped_file(n) and not os.path.isfile(p.shipped_file(n))])",
+                   work).strip()
+    assert missing == "[]", missing  # every shipped parameter set's file is in the wheel
 
     fold = subprocess.run([str(venv / "bin" / "foldax"), "fold", "GGGGAAACCCCAUAUGCGCAUAU"], cwd=work,
                           capture_output=True, text=True, timeout=900,

@@ -1,0 +1,151 @@
+"""Which published energy parameter set, and which MEA ``gamma``: family-fold on ArchiveII (issue 12).
+
+No training. The candidates are ViennaRNA's parameter sets (Turner 2004, its default; Andronescu
+2007; Langdon 2018; Turner 1999), each decoded as the MFE structure and as the MEA structure at each
+of ``--gammas``. For each held-out ArchiveII family the (set, decoder) pair is the one with the best
+mean-over-families F1 on the *other* families, never on the held-out one; the held-out family is then
+scored with it. This is a screen run on ViennaRNA itself (``fc.mfe``, ``fc.pf``, ``fc.MEA``, whose
+objective -- ``2 gamma P_ij`` per pair, ``q_i`` per unpaired base -- is
+:func:`foldax.layers.mea_structure`'s), because ViennaRNA computes the same ensembles as foldax
+(tests/test_turner_*) in a fraction of the compile-heavy time; ``benchmarks/familyfold_gamma.py
+--params`` then measures a chosen set with foldax itself.
+
+The sequences are what ``foldax familyfold`` evaluates (:func:`familyfold_gamma.family_examples`, up to
+``--max-length`` nt). F1 is per sequence on exact pairs, as :func:`foldax.model.metrics.pair_metrics`.
+Writes ``--out`` (JSON, resumable per parameter set and family) and prints the table::
+
+    .venv/bin/python benchmarks/familyfold_paramsets.py --out /tmp/paramsets.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from familyfold_gamma import family_examples  # noqa: E402  (a sibling benchmark)
+
+SETS = {  # name -> ViennaRNA loader
+    "turner2004": "params_load_RNA_Turner2004",
+    "andronescu2007": "params_load_RNA_Andronescu2007",
+    "langdon2018": "params_load_RNA_Langdon2018",
+    "turner1999": "params_load_RNA_Turner1999",
+}
+GAMMAS = (0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+def pairs_of(structure: str) -> set[tuple[int, int]]:
+    stack, out = [], set()
+    for k, c in enumerate(structure):
+        if c == "(":
+            stack.append(k)
+        elif c == ")":
+            out.add((stack.pop(), k))
+    return out
+
+
+def f1_score(pred: set, true: set) -> float:
+    """Exact-pair F1 with :func:`foldax.model.metrics.pair_metrics`' conventions for empty sets."""
+    tp = len(pred & true)
+    precision = tp / len(pred) if pred else 1.0
+    recall = tp / len(true) if true else 1.0
+    return 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
+
+
+def _fold_chunk(task):
+    """F1 of every decoder for a chunk of ``(sequence, true pairs)`` under one parameter set."""
+    import RNA
+
+    name, gammas, chunk = task
+    getattr(RNA, SETS[name])()
+    md = RNA.md()
+    md.pf_smooth = 0  # as foldax (and its tests against ViennaRNA)
+    out = []
+    for sequence, true in chunk:
+        fc = RNA.fold_compound(sequence, md)
+        structure, mfe = fc.mfe()
+        row = {"mfe": f1_score(pairs_of(structure), true)}
+        fc.exp_params_rescale(mfe)
+        fc.pf()
+        for g in gammas:
+            row[f"mea{g:g}"] = f1_score(pairs_of(fc.MEA(g)[0]), true)
+        out.append(row)
+    return out
+
+
+def choose(scores: dict, held_out: str) -> str:
+    """The ``set/decoder`` with the best mean over the families other than ``held_out`` of their mean F1."""
+    others = [f for f in scores if f != held_out]
+    keys = scores[others[0]].keys()
+    return max(keys, key=lambda k: sum(scores[f][k] for f in others) / len(others))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--max-length", type=int, default=512)
+    parser.add_argument("--sets", default=",".join(SETS))
+    parser.add_argument("--gammas", default=",".join(map(str, GAMMAS)))
+    parser.add_argument("--families", default="5s,srp,tRNA,tmRNA,RNaseP,grp1,16s,telomerase,23s")
+    parser.add_argument("--processes", type=int, default=2)
+    args = parser.parse_args(argv)
+    sets = [s for s in args.sets.split(",") if s]
+    gammas = [float(g) for g in args.gammas.split(",")]
+    families = [f for f in args.families.split(",") if f]
+    unknown = [s for s in sets if s not in SETS]
+    if unknown:
+        parser.error(f"unknown parameter sets {unknown}; known: {', '.join(SETS)}")
+
+    done = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+    if done.get("gammas") != gammas or done.get("max_length") != args.max_length:
+        done = {"gammas": gammas, "max_length": args.max_length, "per_family": {}}
+    per_family = done["per_family"]
+    with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
+        for family in families:
+            examples = family_examples(family, args.max_length)
+            items = [(ex["sequence"], {(i, int(j)) for i, j in enumerate(ex["pair_table"]) if j > i})
+                     for ex in examples]
+            # longest first, in small chunks: the two processes finish together
+            items.sort(key=lambda item: -len(item[0]))
+            chunks = [items[k:k + 8] for k in range(0, len(items), 8)]
+            for name in sets:
+                if f"{name}/mfe" in per_family.get(family, {}):
+                    continue
+                t0 = time.time()
+                rows = [row for part in pool.map(_fold_chunk, [(name, gammas, c) for c in chunks]) for row in part]
+                means = {f"{name}/{k}": sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+                per_family.setdefault(family, {"n_seqs": len(rows)}).update(means)
+                Path(args.out).write_text(json.dumps(done, indent=1))
+                print(f"# {family} {name}: {len(rows)} sequences, {time.time() - t0:.0f} s: "
+                      + ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in means.items()), flush=True)
+
+    scores = {f: {k: v for k, v in per_family[f].items() if k != "n_seqs"} for f in families}
+    lines = ["| held-out family | seqs | chosen on the others | its F1 | Turner 2004 MEA 0.5 | Turner 2004 MFE |",
+             "|---|---:|---|---:|---:|---:|"]
+    chosen_f1, t_mea, t_mfe = [], [], []
+    for family in families:
+        key = choose(scores, family)
+        row = scores[family]
+        chosen_f1.append(row[key])
+        t_mea.append(row["turner2004/mea0.5"])
+        t_mfe.append(row["turner2004/mfe"])
+        lines.append(f"| {family} | {per_family[family]['n_seqs']} | {key} | {row[key]:.3f} | "
+                     f"{t_mea[-1]:.3f} | {t_mfe[-1]:.3f} |")
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    lines.append(f"| **mean of {len(families)}** | | | **{mean(chosen_f1):.3f}** | {mean(t_mea):.3f} | "
+                 f"{mean(t_mfe):.3f} |")
+    lines += ["", "Mean over families of each set and decoder:", ""]
+    for key in sorted(scores[families[0]], key=lambda k: -mean([scores[f][k] for f in families])):
+        lines.append(f"- {key}: {mean([scores[f][key] for f in families]):.3f} ("
+                     + " / ".join(f"{scores[f][key]:.3f}" for f in families) + ")")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
