@@ -48,10 +48,33 @@ def family_examples(family: str, max_length: int) -> list[dict]:
         raise
 
 
+def best_on_others(candidates, family_f1, families, held_out: str, tie=lambda candidate: 0):
+    """The candidate with the best mean over the families other than ``held_out`` of
+    ``family_f1(family, candidate)``; among equal means, the largest ``tie(candidate)``. The family-fold
+    rule of every benchmarks/familyfold_*.py choice: the held-out family never takes part."""
+    others = [f for f in families if f != held_out]
+    return max(candidates, key=lambda c: (round(sum(family_f1(f, c) for f in others) / len(others), 12), tie(c)))
+
+
 def choose(scores: dict, held_out: str, gammas) -> float:
-    """The gamma with the best mean over the families other than ``held_out`` of their mean F1."""
-    others = [f for f in scores if f != held_out and scores[f]["n_seqs"]]
-    return max(gammas, key=lambda g: (sum(scores[f][str(g)] for f in others) / len(others), -abs(g - 1.0)))
+    """The gamma with the best mean over the families other than ``held_out`` of their mean F1
+    (ties: the gamma nearer 1)."""
+    measured = [f for f in scores if scores[f]["n_seqs"]]
+    return best_on_others(gammas, lambda f, g: scores[f][str(g)], measured, held_out, tie=lambda g: -abs(g - 1.0))
+
+
+def table_f1(pred, truth) -> float:
+    """F1 of exact base pairs between two pair tables (``-1``: unpaired), as
+    :func:`foldax.model.metrics.pair_metrics` counts it (1 when both have no pair)."""
+    import numpy as np
+
+    pred, truth = np.asarray(pred), np.asarray(truth)
+    idx = np.arange(len(truth))
+    n_pred, n_true = int(np.sum(pred > idx)), int(np.sum(truth > idx))
+    tp = int(np.sum((pred > idx) & (pred == truth)))
+    precision = tp / n_pred if n_pred else 1.0
+    recall = tp / n_true if n_true else 1.0
+    return 2 * precision * recall / (precision + recall) if precision + recall else 0.0
 
 
 def main(argv=None) -> int:

@@ -25,6 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from familyfold_gamma import best_on_others, table_f1  # noqa: E402  (a sibling benchmark)
+
 THRESHOLDS = (0, 100, 150, 200, 250, 300, 400)
 #: ThreshKnot's probability thresholds (its paper's default is 0.3).
 KNOT_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
@@ -40,17 +44,6 @@ def load(dump: str) -> dict:
                                    "mfe": data["f1_mfe"], "mfe_table": data["mfe"], **{k: data[k] for k in ("truth", "prob_row", "prob_i",
                                                                                   "prob_j", "prob")}}
     return families
-
-
-def table_f1(pred: np.ndarray, truth: np.ndarray) -> float:
-    """F1 of exact base pairs between two pair tables (``-1``: unpaired), as
-    :func:`foldax.model.metrics.pair_metrics` counts it (1 when both have no pair)."""
-    idx = np.arange(len(truth))
-    n_pred, n_true = int(np.sum(pred > idx)), int(np.sum(truth > idx))
-    tp = int(np.sum((pred > idx) & (pred == truth)))
-    precision = tp / n_pred if n_pred else 1.0
-    recall = tp / n_true if n_true else 1.0
-    return 2 * precision * recall / (precision + recall) if precision + recall else 0.0
 
 
 def sequences(family: dict):
@@ -96,13 +89,6 @@ def rules(gammas):
     """Every rule: ``(threshold, gamma_short, gamma_long)``; the fixed ones have threshold 0."""
     yield from ((0, g, g) for g in gammas)
     yield from ((t, s, l) for t in THRESHOLDS[1:] for s, l in itertools.product(gammas, gammas) if s != l)
-
-
-def best_on_others(candidates, family_f1, families, held_out: str, tie):
-    """The candidate with the best mean over the families other than ``held_out`` of
-    ``family_f1(family, candidate)``; among equal means, the largest ``tie(candidate)``."""
-    others = [f for f in families if f != held_out]
-    return max(candidates, key=lambda c: (round(float(np.mean([family_f1(f, c) for f in others])), 12), tie(c)))
 
 
 def main(argv=None) -> int:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from familyfold_gamma import family_examples  # noqa: E402  (a sibling benchmark)
+from familyfold_gamma import best_on_others, family_examples, table_f1  # noqa: E402  (a sibling benchmark)
 
 SETS = {  # name -> ViennaRNA loader
     "turner2004": "params_load_RNA_Turner2004",
@@ -39,27 +39,11 @@ SETS = {  # name -> ViennaRNA loader
 GAMMAS = (0.25, 0.5, 1.0, 2.0, 4.0)
 
 
-def pairs_of(structure: str) -> set[tuple[int, int]]:
-    stack, out = [], set()
-    for k, c in enumerate(structure):
-        if c == "(":
-            stack.append(k)
-        elif c == ")":
-            out.add((stack.pop(), k))
-    return out
-
-
-def f1_score(pred: set, true: set) -> float:
-    """Exact-pair F1 with :func:`foldax.model.metrics.pair_metrics`' conventions for empty sets."""
-    tp = len(pred & true)
-    precision = tp / len(pred) if pred else 1.0
-    recall = tp / len(true) if true else 1.0
-    return 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
-
-
 def _fold_chunk(task):
-    """F1 of every decoder for a chunk of ``(sequence, true pairs)`` under one parameter set."""
+    """F1 of every decoder for a chunk of ``(sequence, reference pair table)`` under one parameter set."""
     import RNA
+
+    from foldax.layers.dotbracket import from_dot_bracket
 
     name, gammas, chunk = task
     getattr(RNA, SETS[name])()
@@ -69,20 +53,13 @@ def _fold_chunk(task):
     for sequence, true in chunk:
         fc = RNA.fold_compound(sequence, md)
         structure, mfe = fc.mfe()
-        row = {"mfe": f1_score(pairs_of(structure), true)}
+        row = {"mfe": table_f1(from_dot_bracket(structure), true)}
         fc.exp_params_rescale(mfe)
         fc.pf()
         for g in gammas:
-            row[f"mea{g:g}"] = f1_score(pairs_of(fc.MEA(g)[0]), true)
+            row[f"mea{g:g}"] = table_f1(from_dot_bracket(fc.MEA(g)[0]), true)
         out.append(row)
     return out
-
-
-def choose(scores: dict, held_out: str) -> str:
-    """The ``set/decoder`` with the best mean over the families other than ``held_out`` of their mean F1."""
-    others = [f for f in scores if f != held_out]
-    keys = scores[others[0]].keys()
-    return max(keys, key=lambda k: sum(scores[f][k] for f in others) / len(others))
 
 
 def main(argv=None) -> int:
@@ -108,8 +85,7 @@ def main(argv=None) -> int:
     with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
         for family in families:
             examples = family_examples(family, args.max_length)
-            items = [(ex["sequence"], {(i, int(j)) for i, j in enumerate(ex["pair_table"]) if j > i})
-                     for ex in examples]
+            items = [(ex["sequence"], ex["pair_table"]) for ex in examples]
             # longest first, in small chunks: the two processes finish together
             items.sort(key=lambda item: -len(item[0]))
             chunks = [items[k:k + 8] for k in range(0, len(items), 8)]
@@ -129,7 +105,7 @@ def main(argv=None) -> int:
              "|---|---:|---|---:|---:|---:|"]
     chosen_f1, t_mea, t_mfe = [], [], []
     for family in families:
-        key = choose(scores, family)
+        key = best_on_others(scores[family], lambda f, k: scores[f][k], families, family)
         row = scores[family]
         chosen_f1.append(row[key])
         t_mea.append(row["turner2004/mea0.5"])
