@@ -42,15 +42,26 @@ CITATIONS = [
 ]
 
 
+def saved_text(loader: str) -> str:
+    """The ``.par`` text ``RNA.params_save`` writes after ``RNA.<loader>()``; ViennaRNA is left holding
+    Turner 2004, its default (its parameters are global)."""
+    import RNA
+
+    getattr(RNA, loader)()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = pathlib.Path(tmp) / "saved.par"
+            if not RNA.params_save(str(path)):
+                raise RuntimeError("RNA.params_save failed")
+            return path.read_text()
+    finally:
+        RNA.params_load_RNA_Turner2004()
+
+
 def convert() -> dict:
     import RNA
 
-    RNA.params_load_RNA_Turner2004()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = pathlib.Path(tmp) / "rna_turner2004.par"
-        if not RNA.params_save(str(path)):
-            raise RuntimeError("RNA.params_save failed")
-        text = path.read_text()
+    text = saved_text("params_load_RNA_Turner2004")
     raw = _nan_raw()
     ep._parse_into(raw, text, "rna_turner2004.par (RNA.params_save)")
     tables = {}
@@ -110,18 +121,14 @@ def par_text(name: str) -> str:
     import RNA
 
     loader, citation, data = PAR_SETS[name]
-    getattr(RNA, loader)()
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = pathlib.Path(tmp) / f"rna_{name}.par"
-            if not RNA.params_save(str(path)):
-                raise RuntimeError("RNA.params_save failed")
-            first, rest = path.read_text().split("\n", 1)
-    finally:
-        RNA.params_load_RNA_Turner2004()
+    first, rest = saved_text(loader).split("\n", 1)
     about = [f"source: ViennaRNA {RNA.__version__}, RNA.{loader}, written by RNA.params_save "
              f"(scripts/convert_vienna_params.py --par {name})", f"citation: {citation}", f"data: {data}"]
     return first + "\n" + "".join(f"/* {line} */\n" for line in about) + rest
+
+
+def _without_source(text: str) -> list[str]:
+    return [line for line in text.splitlines() if not line.startswith("/* source: ")]
 
 
 def _nan_raw() -> dict:
@@ -164,8 +171,8 @@ def main(argv=None) -> int:
     if args.par:
         out = OUT.parent / f"rna_{args.par}.par"
         text = par_text(args.par)
-        if args.check:  # the provenance line names the ViennaRNA version; compare what follows it
-            same = out.read_text().split("*/\n", 3)[-1] == text.split("*/\n", 3)[-1]
+        if args.check:  # all but the source line, which names the ViennaRNA version
+            same = _without_source(out.read_text()) == _without_source(text)
             print(f"{out}: {'identical to' if same else 'DIFFERS from'} a fresh RNA.params_save")
             return 0 if same else 1
         out.write_text(text)
