@@ -651,9 +651,14 @@ class _OrbaxErrorsInOneLine(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.ERROR and "orbax" in record.pathname:
             message = record.getMessage()
-            record.msg, record.args = (message if len(message) <= 300 else message[:300] + " ..."), ()
-            record.exc_info = record.exc_text = record.stack_info = None
+            _replace_message(record, message if len(message) <= 300 else message[:300] + " ...")
         return True
+
+
+def _replace_message(record: logging.LogRecord, text: str) -> None:
+    """``record`` says ``text`` only: no arguments, traceback or stack."""
+    record.msg, record.args = text, ()
+    record.exc_info = record.exc_text = record.stack_info = None
 
 
 class _OrphanedOrbaxFutures(logging.Filter):
@@ -673,8 +678,7 @@ class _OrphanedOrbaxFutures(logging.Filter):
             return True
         if self.drop:
             return False
-        record.msg, record.args = message.splitlines()[0] + " (an Orbax write; traceback omitted)", ()
-        record.exc_info = record.exc_text = record.stack_info = None
+        _replace_message(record, message.splitlines()[0] + " (an Orbax write; traceback omitted)")
         return True
 
 
