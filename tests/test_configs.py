@@ -35,6 +35,16 @@ def test_config_loads(name):
     config.to_json_best_effort()  # saved as config.json by the trainer
 
 
+def test_turner_neural_variant_is_the_turner_recipe_with_the_encoder():
+    turner = load_config_file(str(ROOT / "configs" / "turner.py")).to_dict()
+    neural = load_config_file(str(ROOT / "configs" / "turner.py") + ":neural").to_dict()
+    assert (turner["model"].pop("name"), neural["model"].pop("name")) == ("turner", "turner_neural")
+    assert (turner["optimizer"].pop("l2"), neural["optimizer"].pop("l2")) == (0.0, 0.1)  # the encoder's L2
+    assert neural == turner  # same data, validation, schedule and prior: only the model and its L2 differ
+    with pytest.raises(ValueError, match="unknown variant"):
+        load_config_file(str(ROOT / "configs" / "turner.py") + ":nueral")
+
+
 def test_overrides():
     config = load_config_file(str(ROOT / "configs" / "default.py"))
     rest, overrides = _split_overrides(
