@@ -5,7 +5,8 @@
 * :mod:`foldax.configs.synthetic` -- data sampled from known teacher parameters (recovery check).
 * :mod:`foldax.configs.neural` -- :class:`foldax.model.NeuralPhiModel` (a neural encoder writing phi).
 * :mod:`foldax.configs.turner` -- :class:`foldax.model.TurnerModel`: the Turner 2004 energies fine-tuned by CLL
-  with a prior toward Turner 2004 (``model.name = "turner_neural"`` adds the phi encoder).
+  with a prior toward Turner 2004 (``configs/turner.py:neural``: the ``turner_neural`` model, which adds the
+  phi encoder).
 
 Use: ``python -m foldax.train.main train --config configs/default.py --workdir runs/x
 [--config.field=value ...]``; ``--config.data.train_files=a.dbn,b/*.ct`` (and

@@ -44,6 +44,10 @@ mean MEA F1 0.596, against 0.594 for Turner 2004 itself and 0.570 for RNAfold; n
 Turner 2004. Run on all of ArchiveII (``data.fold = "grp2"``, whose rows are all longer than 512 nt),
 validation chose step 0, Turner 2004 itself (BENCHMARKS.md).
 
+``configs/turner.py:neural`` (``get_config("neural")``) is this recipe with the ``turner_neural`` model
+and L2 0.1 on its encoder. Its family-fold mean MEA F1 is 0.592 (0.576 with L2 0): the encoder does
+not help on families it was not trained on (BENCHMARKS.md, "The neural row").
+
 The Turner DP is heavier than the stacking grammar's: 80 steps of 8 rows up to 512 nt take 3-6
 minutes on 2 CPU cores, plus about a minute of compilation per length bucket (the persistent
 compilation cache, ``compilation_cache_dir``, keeps them across runs).
