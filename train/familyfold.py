@@ -567,7 +567,10 @@ def format_markdown(result: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="foldax familyfold", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="foldax familyfold", description=__doc__.split("\n\n")[0],
+        epilog="Any config field can be overridden as in foldax train: --config.a.b=value "
+               "(e.g. --config.optimizer.l2=0.0); a resume checks them against familyfold_config.json.")
     parser.add_argument("--config", help="config file (configs/*.py[:arg]); default: the workdir's "
                                          "familyfold_config.json")
     parser.add_argument("--workdir", required=True, help="output folder (one training workdir per family inside)")
