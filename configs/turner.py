@@ -60,7 +60,8 @@ def get_config(variant: str = ""):
     """``variant``: ``""`` (the Turner model) or ``"neural"`` (``configs/turner.py:neural``: the
     ``turner_neural`` model, the same recipe with the ``phi`` encoder of ``configs/neural.py``)."""
     if variant not in ("", "neural"):
-        raise ValueError(f"configs/turner.py:{variant}: unknown variant; use configs/turner.py or configs/turner.py:neural")
+        raise ValueError(f"configs/turner.py:{variant}: unknown variant; use configs/turner.py or "
+                         f"configs/turner.py:neural")
     config = default.get_config()
     # "turner_neural" adds the phi encoder; it starts at phi = 0, so step 0 is Turner 2004 for both.
     config.model.name = "turner_neural" if variant == "neural" else "turner"
@@ -90,8 +91,8 @@ def get_config(variant: str = ""):
     if variant == "neural":
         # L2 on the encoder (not the tables, which have the prior): 0.1 x its ~119 at initialisation
         # dwarfs the data term, so under Adam the random layers shrink at the learning rate and
-        # mostly the zero-initialised output layer learns. Unregularised (0 or 0.01) the encoder
-        # lowered held-out-family validation MEA F1 from step 20 on (BENCHMARKS.md).
+        # mostly the zero-initialised output layer learns. With L2 0 or 0.01 the encoder lowered
+        # the validation family's MEA F1 from step 20 on (BENCHMARKS.md).
         config.optimizer.l2 = 0.1
 
     config.log_every = 10
