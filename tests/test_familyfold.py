@@ -205,6 +205,11 @@ def test_tables_and_json(run, tsv):
     assert trna["left_out_longest"] == {"not_listed": 34, "short_hairpin": 30}
     assert "1 not in ArchiveII's family lists (up to 34 nt); 1 with a hairpin < min_hairpin (up to 30 nt)" in md
     assert "**mean of 2 families**" in md
+    assert "on the validation rows of the training families only" in md  # no data.valid_families here
+    aside = json.loads(json.dumps(saved))
+    aside["config"]["data"]["valid_families"] = "auto"
+    assert "a family set aside for validation, neither trained on nor held out (`data.valid_families = 'auto'`)" \
+        in ff.format_markdown(aside)
     mea = f"{saved['mean']['mea']['f1']:.3f}"
     assert f"**{mea}**" in md
     if have_rnafold:
@@ -377,4 +382,5 @@ def test_foldax_familyfold_help(capsys):
     assert foldax_main(["familyfold", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--max-eval-length" in out and "--families" in out and "--no-rnafold" in out
+    assert "--config.a.b=value" in out  # overrides, as foldax train takes them
     assert foldax_main(["familyfold", "--config", "x.py"]) == 2  # --workdir is required

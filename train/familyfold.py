@@ -491,9 +491,14 @@ def format_markdown(result: dict) -> str:
     methods = [m for m in METHODS if m in result["mean"]]
     lines = [f"# Family-fold cross-validation on ArchiveII: foldax ({result['model']}) vs RNAfold", ""]
     source = result["config_name"] or "the config in familyfold_config.json"
+    if data.get("valid_families"):
+        validation = (f"the rows of a family set aside for validation, neither trained on nor held out "
+                      f"(`data.valid_families = {data['valid_families']!r}`)")
+    else:
+        validation = "the validation rows of the training families only"
     lines.append(f"Config {source}; workdir `{result['workdir']}`. One model per held-out family, trained on the "
-                 f"other families; best checkpoint by `{cfg.get('best_metric', 'mea/f1')}` on the validation rows "
-                 f"of the training families only. Scores: per-sequence means against the nested reference pairs.")
+                 f"other families; best checkpoint by `{cfg.get('best_metric', 'mea/f1')}` on {validation}. "
+                 f"Scores: per-sequence means against the nested reference pairs.")
     lines.append("")
     if records:
         longest = max(records.values(), key=lambda r: r["max_length"])
