@@ -17,10 +17,8 @@ from flax import nnx
 
 from foldax import layers
 from foldax.data.archiveii import load_archiveii
+from foldax.layers.energy_params import PAIR_INDEX
 from foldax.train.train import restore_for_inference
-
-CANONICAL = {"AU", "UA", "GC", "CG", "GU", "UG"}
-
 
 def phi_stats(encoder, examples) -> dict:
     """Mean and sd of ``phi`` over the canonical pairs and the reference pairs of ``examples``."""
@@ -29,15 +27,14 @@ def phi_stats(encoder, examples) -> dict:
         seq = ex["sequence"].upper().replace("T", "U")
         tokens, lengths = layers.encode_batch([seq])
         phi = np.asarray(encoder(jnp.asarray(tokens), jnp.asarray(lengths)))[0]
-        partner = np.asarray(ex["pair_table"])
-        for i in range(len(seq)):
-            for j in range(i + 4, len(seq)):
-                if seq[i] + seq[j] in CANONICAL:
-                    canonical.append(phi[i, j])
-                    if partner[i] == j:
-                        reference.append(phi[i, j])
-    return {"canonical": (float(np.mean(canonical)), float(np.std(canonical))),
-            "reference": (float(np.mean(reference)), float(np.std(reference)))}
+        x = np.asarray(tokens)[0, : len(seq)]
+        i, j = np.nonzero((PAIR_INDEX[x[:, None], x[None, :]] >= 0)
+                          & (np.arange(len(seq))[None, :] - np.arange(len(seq))[:, None] > 3))
+        canonical.append(phi[i, j])
+        reference.append(phi[i, j][np.asarray(ex["pair_table"])[i] == j])
+    canonical, reference = np.concatenate(canonical), np.concatenate(reference)
+    return {"canonical": (float(canonical.mean()), float(canonical.std())),
+            "reference": (float(reference.mean()), float(reference.std()))}
 
 
 def main(argv=None):
