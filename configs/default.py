@@ -50,6 +50,7 @@ def get_config():
     config.data.max_length = 200  # longer train/valid examples are dropped
     config.data.max_eval_length = 512  # for the test split
     config.data.max_train_examples = 0  # 0 = all
+    config.data.max_train_rows_per_family = 0  # 0 = all (ArchiveII: cap each family's training rows)
     config.data.max_valid_examples = 192
     config.data.max_test_examples = 0
     config.data.buckets = (64, 96, 128, 160, 200)
@@ -79,6 +80,7 @@ def get_config():
     config.optimizer.grad_clip = 5.0
     config.optimizer.l2 = 0.0
     config.optimizer.weight_decay = 0.0
+    config.optimizer.trainable = ""  # comma-separated parameter names to train, the rest frozen ("" = all)
 
     config.decoders = ("mea", "best")
     config.gamma = 1.0  # MEA

@@ -323,12 +323,52 @@ def test_a_rerun_with_another_config_is_refused(run, tsv):
     try:
         older = json.loads(saved)
         del older["config"]["eval_test"]
+        del older["config"]["data"]["max_train_rows_per_family"]  # absent in runs older than the field
         path.write_text(json.dumps(older))
         again = tiny_config(tsv)
         again.progress_bar = not again.progress_bar
         assert ff.familyfold(again, workdir, families=["tRNA"])["families"]["tRNA"]
+        # ... unless the new field is set to something the old run did not do
+        with pytest.raises(ValueError, match=r"data.max_train_rows_per_family: 0 -> 2"):
+            ff.familyfold(tiny_config(tsv, **{"data.max_train_rows_per_family": 2}), workdir, families=["tRNA"])
     finally:
         path.write_text(saved)
+
+
+def test_training_rows_capped_per_family(tsv):
+    from foldax.train.checkpointing import config_changes
+    from foldax.train.datasets import _cap_per_family, load_splits
+
+    def train_split(cap, fold="srp"):
+        return load_splits(tiny_config(tsv, **{"data.fold": fold, "data.max_train_rows_per_family": cap}).data,
+                           min_hairpin=3, seed=0)
+
+    def counts(examples):
+        return {f: sum(ex["family"] == f for ex in examples) for f in sorted({ex["family"] for ex in examples})}
+
+    full, capped = train_split(0), train_split(2)
+    assert counts(full["train"]) == {"5s": 4, "tRNA": 3}
+    assert counts(capped["train"]) == {"5s": 2, "tRNA": 2}
+    ids = [ex["id"] for ex in capped["train"]]
+    assert set(ids) < {ex["id"] for ex in full["train"]} and ids == sorted(ids)  # a subset, in order
+    assert "at most 2 rows per family (5s 4 -> 2, tRNA 3 -> 2)" in capped.sources["train"]
+    assert "per family" not in full.sources["train"]
+    assert [ex["id"] for ex in capped["valid"]] == [ex["id"] for ex in full["valid"]]  # training rows only
+    assert counts(train_split(4)["train"]) == counts(full["train"])  # no family above the cap: all kept
+    assert ids == [ex["id"] for ex in train_split(2)["train"]]  # seeded
+    # a family keeps the same rows whichever other families are there
+    rows = [{"id": f"{f}{k}", "family": f} for f in ("a", "b") for k in range(20)]
+    both, _ = _cap_per_family(rows, 5, seed=0)
+    alone, note = _cap_per_family(rows[:20], 5, seed=0)
+    assert [r["id"] for r in both if r["family"] == "a"] == [r["id"] for r in alone]
+    assert note == "; at most 5 rows per family (a 20 -> 5)"
+    assert _cap_per_family(rows, 0, seed=0) == (rows, "")
+    with pytest.raises(ValueError, match="max_train_rows_per_family must be >= 0"):
+        _cap_per_family(rows, -1, seed=0)
+    # a run saved before the field existed did what 0 does: resuming it is no config change
+    assert config_changes({"data": {}}, {"data": {"max_train_rows_per_family": 0}}) == []
+    assert config_changes({"data": {}}, {"data": {"max_train_rows_per_family": 2}}) == [
+        ("data.max_train_rows_per_family", 0, 2)]
 
 
 def test_bad_requests_are_clear_errors(tsv, tmp_path, capsys):

@@ -116,6 +116,34 @@ def test_adamw_and_the_placeholders_of_forbidden_entries():
     assert np.isfinite(float(model.prior_penalty()))
 
 
+def test_trainable_names_freeze_the_other_tables():
+    """``optimizer.trainable``: only the named tables move (and keep optimizer state); a name no
+    parameter has is a clear error, not a silently frozen model."""
+    from foldax.train import train as trainer
+    from foldax.train.main import load_config_file
+
+    config = load_config_file(str(ROOT / "configs" / "turner.py"))
+    config.optimizer.warmup_steps = 0
+    config.optimizer.schedule = "constant"
+    config.optimizer.trainable = "ml_closing, terminal_au,hairpin"
+    graphdef, state, _ = trainer.create_state(config, 10)
+    model, opt = nnx.merge(graphdef, state)
+    before = nnx.to_pure_dict(nnx.state(model, nnx.Param))["inside"]
+    grads = jax.tree.map(jnp.ones_like, nnx.state(model, nnx.Param))
+    for _ in range(3):
+        opt.update(model, grads)
+    after = nnx.to_pure_dict(nnx.state(model, nnx.Param))["inside"]
+    changed = {name for name in before if not np.array_equal(np.asarray(before[name]), np.asarray(after[name]))}
+    assert changed == {"ml_closing", "terminal_au", "hairpin"}
+    np.testing.assert_allclose(np.asarray(after["ml_closing"]) - np.asarray(before["ml_closing"]), -3 * 0.003,
+                               rtol=1e-3)  # Adam's first steps move by the learning rate
+    moments = [x for x in jax.tree.leaves(nnx.state(opt)) if np.ndim(x) and np.size(x) > 1]
+    assert sum(np.size(x) for x in moments) == 2 * 31  # Adam's mu and nu of the hairpin table only
+    config.optimizer.trainable = "hairpin,ml_clsoing"
+    with pytest.raises(ValueError, match=r"trainable names \['ml_clsoing'\].*'ml_closing'"):
+        trainer.create_state(config, 10)
+
+
 # --------------------------------------------------------------------------- create_model
 
 

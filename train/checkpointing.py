@@ -95,7 +95,7 @@ from foldax.train import datasets
 
 __all__ = [
     "WorkdirError", "WorkdirLocked", "CheckpointError", "ConfigChanged", "WorkdirLock",
-    "MANIFEST", "COMMIT_MARKER", "DAMAGED_DIR", "SAFE_FIELDS",
+    "MANIFEST", "COMMIT_MARKER", "DAMAGED_DIR", "SAFE_FIELDS", "LATER_FIELDS",
     "StepCheck", "step_dirs", "seal", "verify", "scan", "set_aside", "describe", "running_trainer",
     "config_changes", "check_resume_config", "record_config_changes",
 ]
@@ -119,6 +119,10 @@ SAFE_FIELDS = frozenset({
     "data.max_eval_length", "data.eval_buckets", "data.max_valid_examples", "data.max_test_examples",
     "data.synthetic.num_valid", "data.synthetic.num_test",
 })
+
+#: Fields added after runs were written, with the value that means what those runs did: a saved
+#: config without the field equals one with this value (so older workdirs still resume).
+LATER_FIELDS = {"data.max_train_rows_per_family": 0, "optimizer.trainable": ""}
 
 #: Fields holding only paths (comma-separated for the ``*_files``), never names: compared after
 #: making each path absolute.
@@ -426,7 +430,7 @@ def config_changes(old: Mapping, new: Mapping) -> list[tuple[str, object, object
     a, b = _flatten(as_dict(old)), _flatten(as_dict(new))
     out = []
     for field in sorted(set(a) | set(b)):
-        x, y = a.get(field, _ABSENT), b.get(field, _ABSENT)
+        x, y = (c.get(field, LATER_FIELDS.get(field, _ABSENT)) for c in (a, b))
         if _normalised(field, x) != _normalised(field, y):
             out.append((field, x, y))
     return out

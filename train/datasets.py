@@ -33,6 +33,9 @@ Cleaning (all sources): structures with a hairpin shorter than the model's
 offending pairs; examples longer than ``data.max_length`` are dropped (training
 and validation) -- the test split uses ``data.max_eval_length`` (default: the same).
 ``data.max_{train,valid,test}_examples`` keep a seeded random subset (0 = all).
+``data.max_train_rows_per_family`` (0 = all) first keeps a seeded random subset of at most that
+many training rows of each family (examples with a ``"family"``: ArchiveII's), so that a few
+large families (5S rRNA, SRP RNA) do not make up most of what a short fine-tuning run sees.
 
 Cleaning for the Turner grammar (``grammar="turner"``, the ``turner`` models; train and
 valid splits only, :data:`GRAMMAR_CLEANED_SPLITS`): the Turner 2004 model gives probability 0
@@ -66,6 +69,7 @@ logged as a warning (the best checkpoint is picked on it).
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import os
 from collections.abc import Sequence
@@ -417,6 +421,34 @@ def _subset(examples: list[dict], limit: int, seed: int) -> list[dict]:
     return [examples[i] for i in keep]
 
 
+def _cap_per_family(examples: list[dict], limit: int, seed: int) -> tuple[list[dict], str]:
+    """At most ``limit`` examples of each ``"family"`` (a seeded subset per family, the order kept;
+    0: all), and a ``"; at most N rows per family (5s 1283 -> N, ...)"`` note of what it cut."""
+    if limit < 0:
+        raise ValueError(f"config.data.max_train_rows_per_family must be >= 0 (0 = all), got {limit}")
+    if not limit:
+        return examples, ""
+    by_family: dict[str, list[int]] = {}
+    for index, example in enumerate(examples):
+        by_family.setdefault(str(example.get("family", "")), []).append(index)
+    keep, cut = set(), []
+    for family, indices in sorted(by_family.items()):
+        # Seeded by the family's name: a family keeps the same rows whichever others are present.
+        family_seed = int.from_bytes(hashlib.sha256(family.encode()).digest()[:4], "little")
+        keep.update(indices[i] for i in _subset_positions(len(indices), limit, [seed, family_seed]))
+        if len(indices) > limit:
+            cut.append(f"{family or 'no family'} {len(indices)} -> {limit}")
+    note = f"; at most {limit} rows per family ({', '.join(cut)})" if cut else ""
+    return [ex for index, ex in enumerate(examples) if index in keep], note
+
+
+def _subset_positions(n: int, limit: int, seed) -> np.ndarray:
+    """Sorted positions of a seeded random subset of ``min(n, limit)`` of ``range(n)``."""
+    if n <= limit:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).permutation(n)[:limit])
+
+
 def clean_examples(examples: list[dict], *, min_hairpin: int, short_hairpins: str = "drop",
                    max_length: int | None = None, limit: int = 0, seed: int = 0, name: str = "") -> list[dict]:
     """Applies the cleaning rules of the module docstring; logs what was dropped."""
@@ -577,6 +609,9 @@ def load_splits(data_cfg, *, min_hairpin: int, seed: int = 0, splits: Sequence[s
             grammar_note = _what_grammar_changed(counts, noncanonical=noncanonical, long_loops=long_loops)
             if grammar_note:
                 log.info("%s: %s", split, grammar_note[2:])
+        family_note = ""
+        if split == "train":
+            kept, family_note = _cap_per_family(kept, int(data_cfg.get("max_train_rows_per_family", 0)), seed)
         # Seeded by the split's name, not its position in `splits`: loading one split (eval)
         # keeps the same subset as loading all three (training).
         out[split] = _subset(kept, int(data_cfg.get(f"max_{split}_examples", 0)), seed + SPLIT_NAMES.index(split))
@@ -584,7 +619,8 @@ def load_splits(data_cfg, *, min_hairpin: int, seed: int = 0, splits: Sequence[s
                  n_long, length, n_short, min_hairpin, "dropped" if short_hairpins == "drop" else "cleaned")
         out.sources[split] = raw.sources[split] + _what_was_dropped(
             len(examples) - (n_clean - len(kept)), n_long, n_short, len(out[split]), max_length=length,
-            min_hairpin=min_hairpin, short_hairpins=short_hairpins, limit_key=f"max_{split}_examples") + grammar_note
+            min_hairpin=min_hairpin, short_hairpins=short_hairpins, limit_key=f"max_{split}_examples") + grammar_note \
+            + family_note
         if not out[split]:
             raise ValueError(f"the {split} split is empty after cleaning ({out.sources[split]}; {len(examples)} "
                              f"before cleaning); check config.data")

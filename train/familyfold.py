@@ -192,11 +192,14 @@ def _setup(config, options: dict) -> dict:
 
 def _check_setup(path: str, setup: dict) -> None:
     """Stops a rerun whose config or options differ from the saved ones (its families would mix)."""
+    from foldax.train.checkpointing import LATER_FIELDS
+
     with open(path) as fh:
         saved = json.load(fh)
     old = {**_flat(saved["config"]), **_flat(saved["options"], "option ")}
     new = {**_flat(setup["config"]), **_flat(setup["options"], "option ")}
-    differ = sorted(k for k in old.keys() | new.keys() if k not in VOLATILE_FIELDS and old.get(k) != new.get(k))
+    old, new = ({k: c.get(k, LATER_FIELDS.get(k)) for k in old.keys() | new.keys()} for c in (old, new))
+    differ = sorted(k for k in old if k not in VOLATILE_FIELDS and old[k] != new[k])
     if differ:
         detail = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in differ[:6])
         raise ValueError(f"{path} holds a family-fold run with another config ({detail}"

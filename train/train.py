@@ -236,12 +236,40 @@ def create_optimizer(config, num_steps: int):
     clip = float(opt.get("grad_clip", 0.0))
     if clip > 0:
         tx = optax.chain(optax.clip_by_global_norm(clip), tx)
+    trainable = _names(opt.get("trainable", ""))
+    if trainable:
+        # Fine-tuning a few tables (e.g. the loop-length and multiloop terms of a Turner model) while
+        # the rest stay as initialised. Parameters whose path names none of `trainable` get no update (and no optimizer state).
+        def labels(params):
+            return jax.tree_util.tree_map_with_path(
+                lambda path, _: "train" if trainable & {_key_name(k) for k in path} else "frozen", params)
+
+        tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
     return tx, schedule
+
+
+def _names(spec) -> set[str]:
+    """``"a, b"`` or a sequence of names -> ``{"a", "b"}``."""
+    items = spec.split(",") if isinstance(spec, str) else spec
+    return {str(item).strip() for item in items if str(item).strip()}
+
+
+def _key_name(key) -> str:
+    return str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", key))))
 
 
 def create_state(config, num_steps: int):
     """``(graphdef, state, schedule)``: the model and its ``nnx.Optimizer``, split (host values)."""
     model = create_model(config.model, nnx.Rngs(params=int(config.seed)))
+    trainable = _names(config.optimizer.get("trainable", ""))
+    if trainable:
+        paths = [{_key_name(k) for k in path} for path, _ in jax.tree_util.tree_leaves_with_path(
+            nnx.state(model, nnx.Param))]
+        unknown = sorted(name for name in trainable if not any(name in names for names in paths))
+        if unknown:
+            known = sorted(set().union(*paths) - {"value"})
+            raise ValueError(f"config.optimizer.trainable names {unknown}, which no parameter of model "
+                             f"{config.model.name!r} has; its parameter names are {known}")
     tx, schedule = create_optimizer(config, num_steps)
     optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
     graphdef, state = nnx.split((model, optimizer))
