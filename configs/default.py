@@ -80,7 +80,7 @@ def get_config():
     config.optimizer.grad_clip = 5.0
     config.optimizer.l2 = 0.0
     config.optimizer.weight_decay = 0.0
-    config.optimizer.trainable = ""  # comma-separated parameter names to train, the rest frozen ("" = all)
+    config.optimizer.trainable = ""  # parameter names to train, the rest frozen (e.g. "ml_intern,encoder"; "" = all)
 
     config.decoders = ("mea", "best")
     config.gamma = 1.0  # MEA

@@ -34,8 +34,9 @@ offending pairs; examples longer than ``data.max_length`` are dropped (training
 and validation) -- the test split uses ``data.max_eval_length`` (default: the same).
 ``data.max_{train,valid,test}_examples`` keep a seeded random subset (0 = all).
 ``data.max_train_rows_per_family`` (0 = all) first keeps a seeded random subset of at most that
-many training rows of each family (examples with a ``"family"``: ArchiveII's), so that a few
-large families (5S rRNA, SRP RNA) do not make up most of what a short fine-tuning run sees.
+many training rows of each family (ArchiveII's ``"family"``; rows without one count as one
+family), so that a few large families (5S rRNA, SRP RNA) do not make up most of what a short
+fine-tuning run sees.
 
 Cleaning for the Turner grammar (``grammar="turner"``, the ``turner`` models; train and
 valid splits only, :data:`GRAMMAR_CLEANED_SPLITS`): the Turner 2004 model gives probability 0

@@ -239,7 +239,8 @@ def create_optimizer(config, num_steps: int):
     trainable = _names(opt.get("trainable", ""))
     if trainable:
         # Fine-tuning a few tables (e.g. the loop-length and multiloop terms of a Turner model) while
-        # the rest stay as initialised. Parameters whose path names none of `trainable` get no update (and no optimizer state).
+        # the rest stay as initialised: a parameter whose path names none of `trainable` gets no
+        # update and no optimizer state.
         def labels(params):
             return jax.tree_util.tree_map_with_path(
                 lambda path, _: "train" if trainable & {_key_name(k) for k in path} else "frozen", params)
