@@ -20,6 +20,7 @@ from foldax.data.archiveii import load_archiveii
 from foldax.layers.energy_params import PAIR_INDEX
 from foldax.train.train import restore_for_inference
 
+
 def phi_stats(encoder, examples) -> dict:
     """Mean and sd of ``phi`` over the canonical pairs and the reference pairs of ``examples``."""
     canonical, reference = [], []

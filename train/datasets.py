@@ -418,8 +418,7 @@ def _subset(examples: list[dict], limit: int, seed: int) -> list[dict]:
     """A seeded random subset of at most ``limit`` examples, in their order (0: all)."""
     if not limit or len(examples) <= limit:
         return examples
-    keep = np.sort(np.random.default_rng([seed, len(examples)]).permutation(len(examples))[:limit])
-    return [examples[i] for i in keep]
+    return [examples[i] for i in _subset_positions(len(examples), limit, [seed, len(examples)])]
 
 
 def _cap_per_family(examples: list[dict], limit: int, seed: int) -> tuple[list[dict], str]:
