@@ -11,8 +11,8 @@ patch is global)::
     taskset -c 0 .venv/bin/python benchmarks/turner_profile.py --elementwise
     taskset -c 0 .venv/bin/python benchmarks/turner_profile.py --compile-phases --length 200 [--chunks 1]
 
-* ``interior``: the interior-loop length sums (``layers/turner.py::_loop_sums``) return their
-  window's first row;
+* ``interior``: the interior-loop length sums (``layers/turner.py``: ``_loop_sums``, and
+  ``_linear_loop_rows`` with ``_sum_linear_rows`` in the log semiring) return their window's first row;
 * ``qmm``: the multiloop split sum reads one split row instead of all;
 * ``both``: the two together (what is left is everything else).
 
@@ -40,7 +40,14 @@ def _stand_ins(part: str) -> None:
             rows = lengths_table.shape[1]
             return jnp.broadcast_to(qb[:, :1, :width] + inner[:, :1, :width], (qb.shape[0], rows, width))
 
+        def first_row_linear(lengths_table, inner, linear, first_shift, width):
+            window = linear[0][:, :1, :width] * inner[:, :1, :width]
+            shape = (window.shape[0], lengths_table.shape[1], width)
+            return jnp.broadcast_to(window, shape), jnp.zeros(shape, window.dtype)
+
         turner._loop_sums = first_row
+        turner._linear_loop_rows = first_row_linear  # the log semiring's form of the same sums
+        turner._sum_linear_rows = lambda rows: rows[0][0][:, 0] + rows[0][1][:, 0]
     if part in ("qmm", "both"):
         views = turner.TurnerGrammar.views
 

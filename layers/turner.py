@@ -26,6 +26,9 @@ cells on diagonal d sit in one column-shifted block of the last 31 diagonals of 
 (a *window* of the start-indexed chart); for a fixed ``l2`` they sit in a block of the end-indexed
 copy of ``QB``. Per loop class the sum over the loop lengths is a semiring matrix product of a
 [rows, 31] table of length terms with the window, and the shifted rows are gathered by a reshape.
+In the log semiring's outside pass the rows of every class stay in linear space, each with its log
+scale, and are summed together: one exp per row and cell, one log per cell and no exp in the
+transpose (``_sum_linear_rows``; the same values as the inside pass's per-row logs).
 
 Large hairpins (> 30 nt): the partition function extrapolates ``hairpin[30] + lxc ln(u/30)``
 exactly, ViennaRNA's energy evaluation and MFE truncate it to 0.01 kcal/mol; the max semiring
@@ -372,6 +375,41 @@ def _linear_window(qb):
     return jnp.exp(qb - top), top
 
 
+def _linear_loop_rows(lengths_table, inner, linear, first_shift, width):
+    """The log semiring's loop-length sums of one block, left in linear space:
+    ``(values [B, R, width], log_scale [B, R, width])`` with row r's sum at cell i equal to
+    ``values * exp(log_scale)`` (the sum :func:`_loop_sums` takes the log of).
+
+    ``linear`` is :func:`_linear_window` of the block's window. Both factors of the matrix
+    product are shifted by their maxima (rows of the length table, columns of the window),
+    so nothing overflows; the shifts come back as ``log_scale``. A term underflows only if it
+    is ~87 (float32) or ~700 (float64) nats below the largest one of its length-table row:
+    loop-length tables that spread over less than ~50 kcal/mol (float32) are summed exactly.
+    """
+    window, b_top = linear
+    a_top = jax.lax.stop_gradient(_finite_or_zero(jnp.max(lengths_table, axis=2, keepdims=True)))
+    total = jnp.einsum("brw,bwk->brk", jnp.exp(lengths_table - a_top), window * inner,
+                       precision=jax.lax.Precision.HIGHEST)
+    rows = total.shape[1]
+    b_top = _shifted_rows(jnp.broadcast_to(b_top, (b_top.shape[0], rows, b_top.shape[2])), first_shift, width)
+    return _shifted_rows(total, first_shift, width), a_top + b_top
+
+
+def _sum_linear_rows(blocks):
+    """``log SUM_blocks SUM_r values[:, r] * exp(log_scale[:, r])`` -> [B, width] for ``blocks`` a
+    list of ``(values, log_scale)`` ([B, R, width] each), in one exp pass (not concatenated: a
+    copy of every row).
+
+    Shifted by the largest scale of each cell, so nothing overflows. A row underflows only
+    when its scale is ~87 (float32) nats below that largest one; it is then negligible unless
+    the largest-scale row's own value is nearly as far below its scale, which takes loop
+    tables that spread over more than ~50 kcal/mol: the envelope of :func:`_linear_loop_rows`."""
+    top = functools.reduce(jnp.maximum, [jnp.max(log_scale, axis=1) for _, log_scale in blocks])
+    top = jax.lax.stop_gradient(_finite_or_zero(top))
+    total = sum(jnp.sum(values * jnp.exp(log_scale - top[:, None]), axis=1) for values, log_scale in blocks)
+    return _log_or_neg_inf(total) + top
+
+
 def _loop_sums(sr, lengths_table, qb, inner, linear, first_shift, width):
     """``V[r, i] = (+)_rho len[r, rho] + qb[rho, c] + inner[rho, c]`` at ``c = i + first_shift + r``
     -> [B, R, width] (row r of a block sums the loops whose inner pair starts at that column).
@@ -387,14 +425,10 @@ def _loop_sums(sr, lengths_table, qb, inner, linear, first_shift, width):
     terms explicitly.
     """
     if sr.name == "log":
-        window, b_top = linear if linear is not None else _linear_window(qb)
-        a_top = jax.lax.stop_gradient(_finite_or_zero(jnp.max(lengths_table, axis=2, keepdims=True)))
-        total = jnp.einsum("brw,bwk->brk", jnp.exp(lengths_table - a_top), window * inner,
-                           precision=jax.lax.Precision.HIGHEST)
-        rows = total.shape[1]
-        b_top = _shifted_rows(jnp.broadcast_to(b_top, (b_top.shape[0], rows, b_top.shape[2])), first_shift, width)
+        values, log_scale = _linear_loop_rows(lengths_table, inner, linear if linear is not None else
+                                              _linear_window(qb), first_shift, width)
         # Shifted before the log: only the cells' own columns are logged.
-        return _log_or_neg_inf(_shifted_rows(total, first_shift, width)) + a_top + b_top
+        return _log_or_neg_inf(values) + log_scale
     if sr.name == "sample":
         inner = jnp.log(inner)
     return _shifted_rows(sr.matmul(lengths_table, qb + inner), first_shift, width)
@@ -511,22 +545,32 @@ class TurnerGrammar:
             cell["int21"] + inner_qb(2, 1),
             cell["int22"] + inner_qb(2, 2),
         ]
-        for block, outer, inner_name in (("generic", "outer_generic", "inner_generic"),
-                                         ("23", "outer_23", "inner_23"),
-                                         ("1n_start", "outer_1n", "inner_1n"),
-                                         ("bulge_start", "outer_bulge", "inner_bulge")):
-            fixed = BLOCKS[block][1]
-            # Row r (l1 = fixed[r]) reads the inner pair at column i + l1 + 1.
-            loops = _loop_sums(sr, consts[f"len_{block}"], qb_start, views[inner_name], lin_start,
-                               fixed[0] + 1, width)  # [B, rows, width]
-            parts.append(cell[outer] + (sr.sum(loops, axis=1) if len(fixed) > 1 else loops[:, 0]))
-        for block, outer, inner_name in (("1n_end", "outer_1n", "inner_1n_r"),
-                                         ("bulge_end", "outer_bulge", "inner_bulge_r")):
-            (l2,) = BLOCKS[block][1]
-            # The end window's column of cell i's inner pair (k, j - l2 - 1) is i + 30 - l2.
-            loops = _loop_sums(sr, consts[f"len_{block}"], qb_end, views[inner_name], lin_end,
-                               MAX_LOOP - l2, width)  # [B, 1, width]
-            parts.append(cell[outer] + loops[:, 0])
+        # Row r of a start block (l1 = fixed[r]) reads the inner pair at column i + l1 + 1; the end
+        # window's column of cell i's inner pair (k, j - l2 - 1) is i + 30 - l2.
+        blocks = [(block, outer, inner_name, qb_start, lin_start, BLOCKS[block][1][0] + 1)
+                  for block, outer, inner_name in (("generic", "outer_generic", "inner_generic"),
+                                                   ("23", "outer_23", "inner_23"),
+                                                   ("1n_start", "outer_1n", "inner_1n"),
+                                                   ("bulge_start", "outer_bulge", "inner_bulge"))]
+        blocks += [(block, outer, inner_name, qb_end, lin_end, MAX_LOOP - BLOCKS[block][1][0])
+                   for block, outer, inner_name in (("1n_end", "outer_1n", "inner_1n_r"),
+                                                    ("bulge_end", "outer_bulge", "inner_bulge_r"))]
+        if sr.name == "log" and known:
+            # The outside pass (the forward re-run under jax.vjp, then its transpose): every
+            # block's rows summed in linear space at once, the outer mismatch in the rows'
+            # scales -- one exp per row and cell and one log per cell, and no exp in the
+            # transpose, instead of a log per row and a log-sum-exp per block with its shares.
+            # (In the inside pass this form measured no faster, ~10% slower at 1,000 nt.)
+            rows = []
+            for block, outer, inner_name, _, linear, shift in blocks:
+                values, log_scale = _linear_loop_rows(consts[f"len_{block}"], views[inner_name], linear, shift, width)
+                rows.append((values, log_scale + cell[outer][:, None]))
+            parts.append(_sum_linear_rows(rows))
+        else:
+            for block, outer, inner_name, qb, linear, shift in blocks:
+                loops = _loop_sums(sr, consts[f"len_{block}"], qb, views[inner_name], linear, shift,
+                                   width)  # [B, rows, width]
+                parts.append(cell[outer] + (sr.sum(loops, axis=1) if loops.shape[1] > 1 else loops[:, 0]))
         qi = sr.sum(jnp.stack(parts, axis=1), axis=1, known=known.get("QI"))
 
         seg = {name: k for k, name in enumerate(ML_SEGMENTS)}

@@ -179,3 +179,54 @@ def test_scalar_lengths_for_one_sequence_mark_its_padding():
         layers.log_partition(params, x, 12)
     with pytest.raises(ValueError, match="scalar"):
         layers.log_partition(params, x, jnp.array([11]))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_linear_row_sums_equal_the_log_space_row_sums(dtype):
+    """The Turner outside pass sums its interior-loop rows in linear space (``_sum_linear_rows``);
+    the inside pass takes each row's log first. Same value, first and second derivatives, also
+    for scales ~100 nats apart, empty rows and cells with no loop at all (-inf, no NaN)."""
+    from foldax.layers import turner
+
+    rng = np.random.default_rng(0)
+    blocks = []
+    for rows in (27, 2, 1):
+        values = rng.uniform(0.0, 3.0, (2, rows, 6))
+        values[:, 0, :2] = 0.0  # empty rows
+        scales = rng.normal(0.0, 2.0, (2, rows, 6))  # every block matters ...
+        scales[:, :, 3:] = rng.normal(0.0, 40.0, (2, rows, 3))  # ... and cells whose rows lie ~100 nats apart
+        blocks.append((values, scales))
+    blocks[-1][1][0, 0, 4] = 120.0  # the one-row block dominates a cell
+    for values, _ in blocks:
+        values[1, :, 5] = 0.0  # a cell without any loop
+    blocks = [(jnp.asarray(v, dtype), jnp.asarray(s, dtype)) for v, s in blocks]
+
+    def log_space(blocks):
+        terms = jnp.concatenate([jnp.log(v) + s for v, s in blocks], axis=1)
+        return jax.nn.logsumexp(terms, axis=1)
+
+    linear, reference = turner._sum_linear_rows(blocks), log_space(blocks)
+    rtol = 1e-6 if dtype == jnp.float32 else 1e-13
+    assert bool(jnp.isneginf(linear[1, 5])) and bool(jnp.isneginf(reference[1, 5]))
+    np.testing.assert_allclose(linear, reference, rtol=rtol)
+
+    # d/d log_scale (the outer mismatches' path), and its derivative again along a direction.
+    def total(fn, scales):
+        out = fn([(v, s) for (v, _), s in zip(blocks, scales)])
+        return jnp.sum(jnp.where(jnp.isfinite(out), out, 0.0))
+
+    scales = [s for _, s in blocks]
+    direction = [jnp.asarray(rng.normal(size=s.shape), dtype) for s in scales]
+
+    def hvp(fn):
+        return jax.jvp(jax.grad(lambda s: total(fn, s)), (scales,), (direction,))[1]
+
+    for order, (got_all, want_all) in enumerate([
+            (jax.grad(lambda s: total(turner._sum_linear_rows, s))(scales), jax.grad(lambda s: total(log_space, s))(scales)),
+            (hvp(turner._sum_linear_rows), hvp(log_space))]):
+        for got, want in zip(got_all, want_all):
+            # The log-space reference is NaN at the cell without a loop; the linear sum gives 0 there.
+            assert bool(jnp.all(jnp.isfinite(got)))
+            assert bool(jnp.all(jnp.isnan(want[1, :, 5]))) and not bool(jnp.any(got[1, :, 5]))
+            want = want.at[1, :, 5].set(0.0)
+            np.testing.assert_allclose(got, want, rtol=rtol * 10 ** (order + 1), atol=rtol * 10**order)
