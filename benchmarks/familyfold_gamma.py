@@ -4,7 +4,10 @@ No training: the parameters stay Turner 2004 (``turner2004``); the one choice is
 ``gamma`` (:func:`foldax.layers.mea_structure`: a pair counts ``2 gamma P_ij``, an unpaired base
 ``q_i``). For each held-out ArchiveII family, ``gamma`` is the value of ``--gammas`` with the best
 mean-over-families F1 on the *other* families, never on the held-out one; the held-out family is then
-scored at that ``gamma``. Beside it: the Turner 2004 best structure (the MFE, RNAfold's structure up to
+scored at that ``gamma``. With ``--energy-scales`` the choice is of a pair (scale, ``gamma``): the
+pair probabilities of every Turner 2004 energy multiplied by the scale (the ensemble at temperature
+``kT / scale``: above 1 sharper, below 1 flatter; the MFE structure is the same at every scale), chosen
+on the other families in the same way. Beside it: the Turner 2004 best structure (the MFE, RNAfold's structure up to
 energy ties) and RNAfold on the same sequences.
 
 The sequences are what ``foldax familyfold`` evaluates for a family (``configs/turner.py``'s data
@@ -14,7 +17,7 @@ the cores); every ``gamma`` decodes from them. Writes ``--out`` (JSON: per famil
 F1, and the family-fold table) after each family, and resumes from it; prints the table. Run::
 
     .venv/bin/python benchmarks/familyfold_gamma.py --out /tmp/gamma.json \\
-        --rnafold-cache runs/ff/rnafold_cache.jsonl
+        --rnafold-cache runs/ff/rnafold_cache.jsonl [--energy-scales 0.8,1,1.25]
 """
 
 from __future__ import annotations
@@ -56,11 +59,19 @@ def best_on_others(candidates, family_f1, families, held_out: str, tie=lambda ca
     return max(candidates, key=lambda c: (round(sum(family_f1(f, c) for f in others) / len(others), 12), tie(c)))
 
 
-def choose(scores: dict, held_out: str, gammas) -> float:
-    """The gamma with the best mean over the families other than ``held_out`` of their mean F1
-    (ties: the gamma nearer 1)."""
+def decoder_key(scale: float, gamma: float) -> str:
+    """The per-family score's key of MEA at ``gamma`` on the energies times ``scale`` (scale 1: just
+    the gamma, as files written before --energy-scales have it)."""
+    return str(gamma) if scale == 1.0 else f"{scale:g}x{gamma}"
+
+
+def choose(scores: dict, held_out: str, gammas, scales=(1.0,)) -> tuple[float, float]:
+    """The (scale, gamma) with the best mean over the families other than ``held_out`` of their mean
+    F1 (ties: the scale nearer 1, then the gamma nearer 1)."""
     measured = [f for f in scores if scores[f]["n_seqs"]]
-    return best_on_others(gammas, lambda f, g: scores[f][str(g)], measured, held_out, tie=lambda g: -abs(g - 1.0))
+    pairs = [(s, g) for s in scales for g in gammas]
+    return best_on_others(pairs, lambda f, p: scores[f][decoder_key(*p)], measured, held_out,
+                          tie=lambda p: (-abs(p[0] - 1.0), -abs(p[1] - 1.0)))
 
 
 def table_f1(pred, truth) -> float:
@@ -82,6 +93,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--max-length", type=int, default=512)
     parser.add_argument("--gammas", default=",".join(map(str, GAMMAS)))
+    parser.add_argument("--energy-scales", default="1", help="comma-separated factors of every energy (the "
+                        "ensemble at kT / scale); each is one more pair-probability pass per sequence")
     parser.add_argument("--families", default="", help="comma-separated codes (default: all ten)")
     parser.add_argument("--rnafold-cache", default="", help="a foldax RNAfold cache file (JSON lines)")
     parser.add_argument("--dump", default="", help="a folder: per family, an .npz of every sequence's length, "
@@ -100,10 +113,14 @@ def main(argv=None) -> int:
     from foldax.train.compare import RnafoldCache, _load_rnafold, _rnafold_tables, eval_batch_sizes
 
     gammas = [float(g) for g in args.gammas.split(",")]
+    scales = [float(s) for s in args.energy_scales.split(",")]
+    if any(s <= 0 for s in scales):
+        parser.error(f"--energy-scales must be positive, got {args.energy_scales}")
     families = [f for f in args.families.split(",") if f] or list(FAMILIES)
     if len(families) < 2:
         parser.error("--families needs at least two families: gamma is chosen on the ones not held out")
     params = layers.load_params("turner2004")
+    scaled = {s: jax.tree.map(lambda e, s=s: e * s, params) for s in scales}
     RNA = _load_rnafold()
     cache = RnafoldCache(args.rnafold_cache or None, RNA) if RNA is not None else None
     buckets = tuple(b for b in (*layers.DEFAULT_BUCKETS, args.max_length) if b <= args.max_length)
@@ -111,7 +128,7 @@ def main(argv=None) -> int:
     per_family: dict = {}
     if Path(args.out).exists():  # resume: families already measured (same gammas and length)
         done = json.loads(Path(args.out).read_text())
-        if done["gammas"] == gammas and done["max_length"] == args.max_length:
+        if (done["gammas"], done["max_length"], done.get("scales", [1.0])) == (gammas, args.max_length, scales):
             per_family = {f: v for f, v in done["per_family"].items() if f in families}
     for family in families:
         if family in per_family:
@@ -122,7 +139,7 @@ def main(argv=None) -> int:
             per_family[family] = {"n_seqs": 0}
             print(f"# {family}: no sequence of at most {args.max_length} nt: left out", flush=True)
             continue
-        f1 = {name: [] for name in ["mfe", "rnafold", *map(str, gammas)]}
+        f1 = {name: [] for name in ["mfe", "rnafold", *(decoder_key(s, g) for s in scales for g in gammas)]}
         by_bucket: dict = {}
         dumped: dict = {"length": [], "truth": [], "mfe": [], "rnafold": [], "prob_row": [], "prob_i": [],
                         "prob_j": [], "prob": []}
@@ -140,10 +157,13 @@ def main(argv=None) -> int:
                 truth = -np.ones(tokens.shape, np.int32)
                 for row, ex in enumerate(chunk):
                     truth[row, : len(ex["sequence"])] = ex["pair_table"]
-                probs = layers.pair_probs(params, tokens, lengths)
                 preds = {"mfe": layers.best_structure(params, tokens, lengths)}
-                for g in gammas:
-                    preds[str(g)] = layers.mea_structure(probs, lengths, gamma=g)
+                for s in scales:
+                    scaled_probs = layers.pair_probs(scaled[s], tokens, lengths)
+                    if s == scales[0]:
+                        probs = scaled_probs  # what --dump keeps
+                    for g in gammas:
+                        preds[decoder_key(s, g)] = layers.mea_structure(scaled_probs, lengths, gamma=g)
                 if RNA is not None:
                     preds["rnafold"] = _rnafold_tables(RNA, [ex["sequence"] for ex in chunk], bucket, cache)
                 for name, pred in preds.items():
@@ -173,22 +193,27 @@ def main(argv=None) -> int:
                 flat[k] = np.concatenate(dumped[k]) if dumped[k] else np.zeros(0, np.int32)
             np.savez_compressed(Path(args.dump) / f"{family}.npz", length=np.asarray(dumped["length"]), **flat,
                                 **{f"f1_{k}": np.asarray(v) for k, v in f1.items() if v})
-        Path(args.out).write_text(json.dumps({"gammas": gammas, "max_length": args.max_length,
+        Path(args.out).write_text(json.dumps({"gammas": gammas, "max_length": args.max_length, "scales": scales,
                                               "per_family": per_family}, indent=1))
         print(f"# {family}: {len(examples)} sequences, {time.time() - t0:.0f} s: "
               + ", ".join(f"{k} {v:.3f}" for k, v in per_family[family].items() if k != "n_seqs"), flush=True)
 
+    measured = [f for f in families if per_family[f]["n_seqs"]]
+    if len(measured) < 2:
+        print(f"# only {len(measured)} family has sequences of at most {args.max_length} nt: no family-fold table")
+        return 0
     table = {}
-    for family in (f for f in families if per_family[f]["n_seqs"]):
-        g = choose(per_family, family, gammas)
-        table[family] = {"gamma": g, "mea": per_family[family][str(g)], "mfe": per_family[family]["mfe"],
+    for family in measured:
+        s, g = choose(per_family, family, gammas, scales)
+        table[family] = {"scale": s, "gamma": g, "mea": per_family[family][decoder_key(s, g)],
+                         "mfe": per_family[family]["mfe"],
                          "rnafold": per_family[family].get("rnafold")}
     means = {k: float(np.mean([row[k] for row in table.values()])) for k in ("mea", "mfe", "rnafold")
              if all(row[k] is not None for row in table.values())}
-    lines = ["| held-out family | n | gamma (chosen on the other families) | Turner 2004 MEA | Turner 2004 MFE | RNAfold |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| held-out family | n | energy scale, gamma (chosen on the other families) | Turner 2004 MEA | "
+             "Turner 2004 MFE | RNAfold |", "|---|---:|---:|---:|---:|---:|"]
     for family, row in table.items():
-        lines.append(f"| {family} | {per_family[family]['n_seqs']} | {row['gamma']:g} | {row['mea']:.3f} | "
+        lines.append(f"| {family} | {per_family[family]['n_seqs']} | {row['scale']:g}, {row['gamma']:g} | {row['mea']:.3f} | "
                      f"{row['mfe']:.3f} | {row['rnafold'] if row['rnafold'] is None else format(row['rnafold'], '.3f')} |")
     lines.append(f"| **mean of {len(table)}** | | | **{means.get('mea', float('nan')):.3f}** | "
                  f"{means.get('mfe', float('nan')):.3f} | {means.get('rnafold', float('nan')):.3f} |")
@@ -196,8 +221,8 @@ def main(argv=None) -> int:
     if left_out:
         lines.append(f"\nLeft out (no sequence of at most {args.max_length} nt): {', '.join(left_out)}")
     print("\n".join(lines))
-    Path(args.out).write_text(json.dumps({"gammas": gammas, "max_length": args.max_length, "per_family": per_family,
-                                          "table": table, "means": means}, indent=1))
+    Path(args.out).write_text(json.dumps({"gammas": gammas, "max_length": args.max_length, "scales": scales,
+                                          "per_family": per_family, "table": table, "means": means}, indent=1))
     return 0
 
 
