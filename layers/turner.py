@@ -416,13 +416,9 @@ def _loop_sums(sr, lengths_table, qb, inner, linear, first_shift, width):
 
     ``inner`` is in linear space (``exp`` of the log-weights: the inputs of the log
     semiring, also used by the sampling semiring) or in log space (the max semiring's). In
-    the log semiring the sum over the window rows is a matrix product in linear space (one
-    BLAS call; ``linear`` is the shared :func:`_linear_window` of ``qb``): both factors are
-    shifted by their maxima (rows of the length table, columns of the window), so nothing
-    overflows, and a term underflows only if it is ~87 (float32) or ~700 (float64) nats
-    below the largest one of its length-table row: loop-length tables that spread over less
-    than ~50 kcal/mol (float32) are summed exactly. Other semirings sum the [R, rho, K]
-    terms explicitly.
+    the log semiring the sum over the window rows is :func:`_linear_loop_rows` (one BLAS
+    call; ``linear`` is the shared :func:`_linear_window` of ``qb``), logged per row. Other
+    semirings sum the [R, rho, K] terms explicitly.
     """
     if sr.name == "log":
         values, log_scale = _linear_loop_rows(lengths_table, inner, linear if linear is not None else
@@ -556,7 +552,8 @@ class TurnerGrammar:
                    for block, outer, inner_name in (("1n_end", "outer_1n", "inner_1n_r"),
                                                     ("bulge_end", "outer_bulge", "inner_bulge_r"))]
         if sr.name == "log" and known:
-            # The outside pass (the forward re-run under jax.vjp, then its transpose): every
+            # The outside pass (the engine hands it the saved rows as ``known``; the forward is
+            # re-run under jax.vjp, then transposed): every
             # block's rows summed in linear space at once, the outer mismatch in the rows'
             # scales -- one exp per row and cell and one log per cell, and no exp in the
             # transpose, instead of a log per row and a log-sum-exp per block with its shares.
