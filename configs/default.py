@@ -71,6 +71,8 @@ def get_config():
     config.num_train_steps = 1500
     config.num_epochs = 0  # used when num_train_steps = 0
 
+    config.loss = "cll"  # "cll" (model/loss.py: log-likelihood per nt) | "expected_f1" (of the pair probabilities)
+
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.name = "adam"
     config.optimizer.learning_rate = 0.05

@@ -403,11 +403,18 @@ def _sum_linear_rows(blocks):
     Shifted by the largest scale of each cell, so nothing overflows. A row underflows only
     when its scale is ~87 (float32) nats below that largest one; it is then negligible unless
     the largest-scale row's own value is nearly as far below its scale, which takes loop
-    tables that spread over more than ~50 kcal/mol: the envelope of :func:`_linear_loop_rows`."""
+    tables that spread over more than ~50 kcal/mol: the envelope of :func:`_linear_loop_rows`.
+
+    The total itself may still be tiny (every row's value ~e^-60 when the window's column
+    maxima lie at widths none of the rows can use). Its log is taken of ``total / c`` with
+    ``c`` its own (constant) magnitude, so that second derivatives never square the total
+    (``1 / total^2`` overflows float32 there: NaN in the gradient of ``pair_probs``)."""
     top = functools.reduce(jnp.maximum, [jnp.max(log_scale, axis=1) for _, log_scale in blocks])
     top = jax.lax.stop_gradient(_finite_or_zero(top))
     total = sum(jnp.sum(values * jnp.exp(log_scale - top[:, None]), axis=1) for values, log_scale in blocks)
-    return _log_or_neg_inf(total) + top
+    # Floored so that 1 / c stays finite (c >= ~1e-31 in float32), and total / c >= ~1e-14.
+    magnitude = jax.lax.stop_gradient(jnp.maximum(total, jnp.finfo(total.dtype).tiny ** 0.8))
+    return _log_or_neg_inf(total / magnitude) + (jnp.log(magnitude) + top)
 
 
 def _loop_sums(sr, lengths_table, qb, inner, linear, first_shift, width):

@@ -230,3 +230,62 @@ def test_linear_row_sums_equal_the_log_space_row_sums(dtype):
             assert bool(jnp.all(jnp.isnan(want[1, :, 5]))) and not bool(jnp.any(got[1, :, 5]))
             want = want.at[1, :, 5].set(0.0)
             np.testing.assert_allclose(got, want, rtol=rtol * 10 ** (order + 1), atol=rtol * 10**order)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_linear_row_sums_second_derivatives_where_every_row_is_far_below_its_scale(dtype):
+    """A cell whose rows all hold tiny linear values (~e^-60 of their scales: the window's column
+    maximum lies at a width none of the block's rows can use) has a tiny linear total. Its
+    second derivatives must not square that total (1e-52 underflows in float32: NaN in the
+    gradient of pair_probs on a 451-nt GC-rich ArchiveII sequence)."""
+    from foldax.layers import turner
+
+    rng = np.random.default_rng(1)
+    logs, scales = [], []
+    for rows in (27, 2, 1):
+        logs.append(rng.normal(0.0, 1.0, (1, rows, 4)))
+        scales.append(rng.normal(0.0, 2.0, (1, rows, 4)))
+    for block in logs:
+        block[:, :, 1] -= 60.0  # every row of cell 1 ~ 1e-26
+        block[:, :, 2] -= 100.0 if dtype == jnp.float64 else 60.0  # cell 2: further still where float64 allows
+    logs = [jnp.asarray(u, dtype) for u in logs]
+    scales = [jnp.asarray(v, dtype) for v in scales]
+
+    def linear(args):  # the values enter as exp(log-values), as the window's entries do in the engine
+        logs, scales = args
+        return jnp.sum(turner._sum_linear_rows([(jnp.exp(u), v) for u, v in zip(logs, scales)]))
+
+    def log_space(args):
+        logs, scales = args
+        return jnp.sum(jax.nn.logsumexp(jnp.concatenate([u + v for u, v in zip(logs, scales)], axis=1), axis=1))
+
+    args = (logs, scales)
+    direction = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), dtype), args)
+    rtol = 1e-5 if dtype == jnp.float32 else 1e-12
+    np.testing.assert_allclose(linear(args), log_space(args), rtol=rtol)
+    for fn in (jax.grad, lambda f: lambda a: jax.jvp(jax.grad(f), (a,), (direction,))[1]):
+        got, want = fn(linear)(args), fn(log_space)(args)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            assert bool(jnp.all(jnp.isfinite(g)))
+            np.testing.assert_allclose(g, w, rtol=rtol * 100, atol=rtol)
+
+
+@pytest.mark.slow
+def test_pair_probs_gradient_across_a_long_gc_helix_is_finite_in_float32():
+    """A 24-bp GC helix: the interior-loop rows of the cells around it lie ~60 nats below their
+    windows' column maxima. float32 second derivatives of the outside pass's linear row sums
+    squared that tiny total (NaN in every table's gradient before the fix); they must match
+    float64."""
+    seq = "GCAUCAGC" + "GGGCGCCGGGCGCCCGGCGGCGCG" + "GAAA" + "CGCGCCGCCGGGCGCCCGGCGCCC" + "AGUCAUGC"
+    tokens = layers.encode(seq)
+    weights = np.random.default_rng(0).random((len(seq), len(seq)))
+    grads = {}
+    for dtype in (jnp.float32, jnp.float64):
+        params = jax.tree.map(lambda x: jnp.asarray(x, dtype), layers.turner2004())
+        grads[dtype] = jax.grad(lambda p: jnp.sum(jnp.asarray(weights, dtype)
+                                                  * layers.pair_probs(p, tokens, num_chunks=2)))(params)
+    flat32, flat64 = (ravel_pytree({k: v for k, v in grads[d].items() if k != "special_hairpins"})[0]
+                      for d in (jnp.float32, jnp.float64))
+    assert bool(jnp.all(jnp.isfinite(flat32))) and bool(jnp.all(jnp.isfinite(flat64)))
+    np.testing.assert_allclose(np.asarray(flat32, np.float64), np.asarray(flat64),
+                               atol=5e-3 * float(jnp.max(jnp.abs(flat64))), rtol=0)

@@ -258,13 +258,15 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(dataset, tmp_path, monkey
     trainer.train_and_evaluate(small_config(dataset, num_train_steps=10), workdir)
     good = read_npz(trainer.export_params(workdir, str(tmp_path / "good.npz"), which="latest"))
 
-    real_loss = trainer.cll_loss
+    from foldax.model import loss as losses
+
+    real_loss, metric = losses.LOSSES["cll"]
 
     def nan_loss(model, batch, l2=0.0):
         loss, aux = real_loss(model, batch, l2)
         return loss * np.nan, aux
 
-    monkeypatch.setattr(trainer, "cll_loss", nan_loss)
+    monkeypatch.setitem(losses.LOSSES, "cll", (nan_loss, metric))
     with pytest.raises(trainer.TrainingDiverged, match=r"non-finite loss .* at step 11.*last good checkpoint \(step 10\)"):
         trainer.train_and_evaluate(small_config(dataset, num_train_steps=20), workdir)
     monkeypatch.undo()
@@ -274,7 +276,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(dataset, tmp_path, monkey
     after = read_npz(trainer.export_params(workdir, str(tmp_path / "after.npz"), which="latest"))
     _assert_trees_equal(after, good)
     # via the CLI: exit status 1 and the message on stderr
-    monkeypatch.setattr(trainer, "cll_loss", nan_loss)
+    monkeypatch.setitem(losses.LOSSES, "cll", (nan_loss, metric))
     assert train_main.main(["train", "--workdir", workdir, "--config.num_train_steps=20"]) == 1
 
 

@@ -122,7 +122,7 @@ SAFE_FIELDS = frozenset({
 
 #: Fields added after runs were written, with the value that means what those runs did: a saved
 #: config without the field equals one with this value (so older workdirs still resume).
-LATER_FIELDS = {"data.max_train_rows_per_family": 0, "optimizer.trainable": ""}
+LATER_FIELDS = {"data.max_train_rows_per_family": 0, "optimizer.trainable": "", "loss": "cll"}
 
 #: Fields holding only paths (comma-separated for the ``*_files``), never names: compared after
 #: making each path absolute.

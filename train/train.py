@@ -1,8 +1,9 @@
 """Training and evaluation of foldax models (in the style of the Flax examples).
 
 :func:`train_and_evaluate` ``(config, workdir)`` trains the model of
-``config.model`` on ``config.data`` (see :mod:`foldax.train.datasets`) with the CLL
-loss (:mod:`foldax.model.loss`: negative log-likelihood per nucleotide), evaluates on
+``config.model`` on ``config.data`` (see :mod:`foldax.train.datasets`) with the loss
+``config.loss`` (:mod:`foldax.model.loss`: the CLL, negative log-likelihood per nucleotide, or
+``"expected_f1"``, one minus the expected F1 of the pair probabilities), evaluates on
 the validation split every ``eval_every`` steps and, at the end, the best
 checkpoint on the test split. :func:`evaluate_checkpoint` and
 :func:`export_params` serve ``main eval`` / ``main export-params``;
@@ -95,7 +96,7 @@ from jax.sharding import PartitionSpec as P
 
 from foldax.layers.compiled import ShapeWatch
 from foldax.model.decoding import eval_sums, finalize
-from foldax.model.loss import cll_loss
+from foldax.model.loss import loss_fn as get_loss_fn
 from foldax.model.models import create_model, grammar_of
 from foldax.train import checkpointing
 from foldax.train.checkpointing import CheckpointError, ConfigChanged, WorkdirError, WorkdirLocked
@@ -303,6 +304,7 @@ def make_train_step(graphdef, config, schedule, mesh):
     still report it, and the trainer stops).
     """
     l2 = float(config.optimizer.get("l2", 0.0))
+    loss_of, data_metric = get_loss_fn(config.get("loss", "cll"))
     replicated = NamedSharding(mesh, P())
 
     def step(state, batch):
@@ -310,7 +312,7 @@ def make_train_step(graphdef, config, schedule, mesh):
         count = optimizer.step[...]
 
         def loss_fn(model):
-            return cll_loss(model, batch, l2)
+            return loss_of(model, batch, l2)
 
         (loss, aux), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
         optimizer.update(model, grads)
@@ -320,7 +322,7 @@ def make_train_step(graphdef, config, schedule, mesh):
         new_state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, state)
         metrics = {
             "loss": loss,
-            "nll_per_nt": aux["data_loss"],
+            data_metric: aux.get(data_metric, aux["data_loss"]),
             "grad_norm": grad_norm,
             "learning_rate": schedule(count),
             "n_invalid": aux["n_invalid"],
@@ -942,6 +944,7 @@ def _evaluate_teacher(config, pipeline, mesh) -> dict:
 
 
 def _check_config(config) -> None:
+    get_loss_fn(config.get("loss", "cll"))  # before the data loads: an unknown name says so at once
     decoders = tuple(config.get("decoders", ("mea", "best")))
     bad = [d for d in decoders if d not in ("mea", "best")]
     if bad:
@@ -965,6 +968,7 @@ def _train_loop(config, workdir, mesh, saver, state, train_step, eval_step, trai
     from tqdm import tqdm
 
     is_main = jax.process_index() == 0
+    data_metric = get_loss_fn(config.get("loss", "cll"))[1]
     log_every = int(config.get("log_every", 10))
     eval_every = int(config.get("eval_every", 100))
     ckpt_every = int(config.get("checkpoint_every", eval_every))
@@ -1013,7 +1017,7 @@ def _train_loop(config, workdir, mesh, saver, state, train_step, eval_step, trai
             if step % log_every == 0 or step == num_steps:
                 elapsed = time.time() - t_window
                 scalars = {f"train/{k}": float(np.mean([m[k] for m in window])) for k in
-                           ("loss", "nll_per_nt", "grad_norm", "learning_rate")}
+                           ("loss", data_metric, "grad_norm", "learning_rate")}
                 scalars["train/steps_per_s"] = len(window) / max(elapsed, 1e-9)
                 writer.write(step, scalars)
                 if bar.disable:
