@@ -112,25 +112,11 @@ def test_stacking_model_and_unknown_loss_names():
 
 @pytest.mark.slow
 def test_gradient_matches_finite_differences_and_adam_raises_the_f1():
+    from test_turner_model import assert_gradient_matches_finite_differences
+
     model = _perturbed_turner(seed=2, scale=0.2)
     batch = _batch()
-    graphdef, state = nnx.split(model)
-    leaves, tree = jax.tree.flatten(state)
-
-    def loss_of(leaves):
-        return expected_f1_loss(nnx.merge(graphdef, jax.tree.unflatten(tree, leaves)), batch)[0]
-
-    grads = jax.grad(loss_of)(leaves)
-    assert all(np.isfinite(np.asarray(g)).all() for g in grads)
-    assert sum(float(jnp.sum(g * g)) for g in grads) > 0
-    rng = np.random.default_rng(0)
-    for trial in range(3):  # directional derivatives along random directions (every table at once)
-        direction = [jnp.asarray(rng.normal(size=np.shape(x))) for x in leaves]
-        analytic = sum(float(jnp.sum(g * d)) for g, d in zip(grads, direction))
-        eps = 1e-5
-        plus = float(loss_of([x + eps * d for x, d in zip(leaves, direction)]))
-        minus = float(loss_of([x - eps * d for x, d in zip(leaves, direction)]))
-        np.testing.assert_allclose(analytic, (plus - minus) / (2 * eps), rtol=1e-6, atol=1e-10, err_msg=str(trial))
+    assert_gradient_matches_finite_differences(lambda m: expected_f1_loss(m, batch)[0], model, atol=1e-10)
 
     # Training on it raises the expected F1, and nothing becomes NaN or inf.
     model = TurnerModel(num_chunks=CHUNKS)

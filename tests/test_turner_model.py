@@ -45,6 +45,27 @@ def _perturbed(model, seed=0, scale=0.3):
     return model
 
 
+def assert_gradient_matches_finite_differences(loss, model, *, trials=3, eps=1e-5, rtol=1e-6, atol=1e-9):
+    """``jax.grad`` of ``loss(model)`` (float64) is finite, and its directional derivatives along
+    random directions (every parameter at once) equal central differences."""
+    graphdef, state = nnx.split(model)
+    leaves, tree = jax.tree.flatten(state)
+
+    def loss_of(leaves):
+        return loss(nnx.merge(graphdef, jax.tree.unflatten(tree, leaves)))
+
+    grads = jax.grad(loss_of)(leaves)
+    assert all(np.isfinite(np.asarray(g)).all() for g in grads)
+    assert sum(float(jnp.sum(g * g)) for g in grads) > 0
+    rng = np.random.default_rng(0)
+    for trial in range(trials):
+        direction = [jnp.asarray(rng.normal(size=np.shape(x))) for x in leaves]
+        analytic = sum(float(jnp.sum(g * d)) for g, d in zip(grads, direction))
+        plus = float(loss_of([x + eps * d for x, d in zip(leaves, direction)]))
+        minus = float(loss_of([x - eps * d for x, d in zip(leaves, direction)]))
+        np.testing.assert_allclose(analytic, (plus - minus) / (2 * eps), rtol=rtol, atol=atol, err_msg=str(trial))
+
+
 # --------------------------------------------------------------------------- the prior
 
 
@@ -440,22 +461,7 @@ def test_loss_and_its_gradient_match_log_prob_and_finite_differences():
     np.testing.assert_allclose(float(loss), float(aux["data_loss"]) + float(model.prior_penalty()), rtol=1e-12)
     assert int(aux["n_invalid"]) == 0
 
-    graphdef, state = nnx.split(model)
-    leaves, tree = jax.tree.flatten(state)
-
-    def loss_of(leaves):
-        return cll_loss(nnx.merge(graphdef, jax.tree.unflatten(tree, leaves)), batch)[0]
-
-    grads = jax.grad(loss_of)(leaves)
-    assert all(np.isfinite(np.asarray(g)).all() for g in grads)
-    rng = np.random.default_rng(0)
-    for trial in range(3):  # directional derivatives along random directions (all tables at once)
-        direction = [jnp.asarray(rng.normal(size=np.shape(x))) for x in leaves]
-        analytic = sum(float(jnp.sum(g * d)) for g, d in zip(grads, direction))
-        eps = 1e-5
-        plus = float(loss_of([x + eps * d for x, d in zip(leaves, direction)]))
-        minus = float(loss_of([x - eps * d for x, d in zip(leaves, direction)]))
-        np.testing.assert_allclose(analytic, (plus - minus) / (2 * eps), rtol=1e-6, atol=1e-9, err_msg=str(trial))
+    assert_gradient_matches_finite_differences(lambda m: cll_loss(m, batch)[0], model)
     # the +inf entries: gradient exactly 0
     named = nnx.grad(lambda m: cll_loss(m, batch)[0])(model)
     for name, entries in model.inside.forbidden:
