@@ -40,8 +40,9 @@ of rate and length saw its data, which BENCHMARKS.md states. Capping each family
 (``data.max_train_rows_per_family``) or training only the loop-length and multiloop terms
 (``optimizer.trainable``) did not stop validation from falling in the RNase P fold, and training on
 the expected F1 of the pair probabilities (``loss = "expected_f1"``) made it fall faster (0.689 ->
-0.657 after 80 steps, against 0.671 with the CLL; BENCHMARKS.md), so the recipe uses none of them. Prior strength 1e-3 and batch 8 are
-unchanged from the earlier recipe (time-boxed runs on the training families).
+0.657 after 80 steps, against 0.671 with the CLL; BENCHMARKS.md), so the recipe uses none of them.
+Prior strength 1e-3 and batch 8 are unchanged from the earlier recipe (time-boxed runs on the
+training families).
 
 Family-fold of this recipe (``foldax familyfold``, the nine families with sequences up to 512 nt):
 mean MEA F1 0.596, against 0.594 for Turner 2004 itself and 0.570 for RNAfold; no family below
