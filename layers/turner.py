@@ -355,7 +355,11 @@ def _shifted_rows(values, first_shift, width):
 
 @jax.custom_jvp
 def _log_or_neg_inf(s):
-    """log(s) for s >= 0 (log 0 = -inf) whose derivative is 0, not NaN, at s = 0."""
+    """log(s) for s >= 0 (log 0 = -inf) whose derivative is 0, not NaN, at s = 0.
+
+    Its second derivative divides by ``s**2``: a sum that is differentiated twice (the
+    outside pass's, under a Hessian-vector product) is normalised first (:func:`_sum_linear_rows`);
+    the inside pass's per-row logs are differentiated once only."""
     return jnp.log(s)
 
 

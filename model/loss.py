@@ -56,7 +56,7 @@ from foldax.layers.inside import log_partition
 from foldax.layers.structure import structure_score
 from foldax.model.metrics import pair_matrix
 
-__all__ = ["LOSSES", "batch_nll", "cll_loss", "cll_step", "expected_f1_loss", "l2_penalty", "loss_fn"]
+__all__ = ["LOSSES", "batch_nll", "cll_loss", "cll_step", "expected_f1_loss", "get_loss", "l2_penalty"]
 
 
 def batch_nll(model, batch):
@@ -160,7 +160,7 @@ def expected_f1_loss(model, batch, l2: float = 0.0):
 LOSSES = {"cll": (cll_loss, "nll_per_nt"), "expected_f1": (expected_f1_loss, "expected_f1")}
 
 
-def loss_fn(name: str):
+def get_loss(name: str):
     """``(loss function, metric name)`` of ``config.loss`` (``"cll"`` or ``"expected_f1"``)."""
     if name not in LOSSES:
         raise ValueError(f"unknown config.loss {name!r}; one of {', '.join(map(repr, LOSSES))}")

@@ -25,7 +25,7 @@ from foldax import layers  # noqa: E402
 from foldax.layers.energy_params import KT  # noqa: E402
 from foldax.layers.energy_reference import enumerate_turner_structures  # noqa: E402
 from foldax.layers.dotbracket import from_dot_bracket, table_from_pairs  # noqa: E402
-from foldax.model import expected_f1_loss, loss_fn  # noqa: E402
+from foldax.model import expected_f1_loss, get_loss  # noqa: E402
 from foldax.model.models import StackingModel, TurnerModel  # noqa: E402
 
 CHUNKS = 2
@@ -105,9 +105,9 @@ def test_stacking_model_and_unknown_loss_names():
     model = StackingModel(params="default", num_chunks=CHUNKS)
     loss, aux = expected_f1_loss(model, _batch())
     assert 0 < float(aux["expected_f1"]) < 1 and np.isfinite(float(loss))
-    assert loss_fn("cll")[1] == "nll_per_nt" and loss_fn("expected_f1")[1] == "expected_f1"
+    assert get_loss("cll")[1] == "nll_per_nt" and get_loss("expected_f1")[1] == "expected_f1"
     with pytest.raises(ValueError, match=r"unknown config.loss 'f1'.*'cll', 'expected_f1'"):
-        loss_fn("f1")
+        get_loss("f1")
 
 
 @pytest.mark.slow

@@ -96,7 +96,7 @@ from jax.sharding import PartitionSpec as P
 
 from foldax.layers.compiled import ShapeWatch
 from foldax.model.decoding import eval_sums, finalize
-from foldax.model.loss import loss_fn as get_loss_fn
+from foldax.model.loss import get_loss
 from foldax.model.models import create_model, grammar_of
 from foldax.train import checkpointing
 from foldax.train.checkpointing import CheckpointError, ConfigChanged, WorkdirError, WorkdirLocked
@@ -304,7 +304,7 @@ def make_train_step(graphdef, config, schedule, mesh):
     still report it, and the trainer stops).
     """
     l2 = float(config.optimizer.get("l2", 0.0))
-    loss_of, data_metric = get_loss_fn(config.get("loss", "cll"))
+    loss_of, data_metric = get_loss(config.get("loss", "cll"))
     replicated = NamedSharding(mesh, P())
 
     def step(state, batch):
@@ -944,7 +944,7 @@ def _evaluate_teacher(config, pipeline, mesh) -> dict:
 
 
 def _check_config(config) -> None:
-    get_loss_fn(config.get("loss", "cll"))  # before the data loads: an unknown name says so at once
+    get_loss(config.get("loss", "cll"))  # before the data loads: an unknown name says so at once
     decoders = tuple(config.get("decoders", ("mea", "best")))
     bad = [d for d in decoders if d not in ("mea", "best")]
     if bad:
@@ -968,7 +968,7 @@ def _train_loop(config, workdir, mesh, saver, state, train_step, eval_step, trai
     from tqdm import tqdm
 
     is_main = jax.process_index() == 0
-    data_metric = get_loss_fn(config.get("loss", "cll"))[1]
+    data_metric = get_loss(config.get("loss", "cll"))[1]
     log_every = int(config.get("log_every", 10))
     eval_every = int(config.get("eval_every", 100))
     ckpt_every = int(config.get("checkpoint_every", eval_every))
