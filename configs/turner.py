@@ -54,7 +54,8 @@ and L2 0.1 on its encoder. Its family-fold mean MEA F1 is 0.592 (0.576 with L2 0
 not help on families it was not trained on (BENCHMARKS.md, "The neural row").
 
 The Turner DP is heavier than the stacking grammar's: 80 steps of 8 rows up to 512 nt take 3-6
-minutes on 2 CPU cores, plus about a minute of compilation per length bucket (the persistent
+minutes on 2 CPU cores, plus about half a minute of compilation per length bucket (the gradient at
+512 nt: 35 s with the Turner grammar's at most 8 diagonal chunks, 80 s with 16; the persistent
 compilation cache, ``compilation_cache_dir``, keeps them across runs).
 """
 

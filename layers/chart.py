@@ -60,7 +60,8 @@ from jax import lax
 
 from foldax.layers.semiring import LOG, MAX, SampleSemiring
 
-#: Upper limit of the automatic chunk count (see ``auto_num_chunks``).
+#: Upper limit of the automatic chunk count (see ``auto_num_chunks``); a grammar may set its
+#: own (``max_auto_chunks``: each chunk is a loop body that XLA compiles on its own).
 MAX_AUTO_CHUNKS = 16
 #: ``num_chunks=None`` everywhere means ``auto_num_chunks(L)``.
 DEFAULT_NUM_CHUNKS = None
@@ -107,9 +108,9 @@ def diagonal_chunks(length: int, num_chunks: int = MAX_AUTO_CHUNKS, cell_cost: i
     return tuple(reversed(bounds))
 
 
-def auto_num_chunks(length: int) -> int:
+def auto_num_chunks(length: int, max_chunks: int = MAX_AUTO_CHUNKS) -> int:
     """Default chunk count: short charts compile fast, long ones waste little work."""
-    return max(1, min(MAX_AUTO_CHUNKS, length // 32))
+    return max(1, min(max_chunks, length // 32))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +165,10 @@ class Problem:
 
     @functools.cached_property
     def chunks(self):
-        n = auto_num_chunks(self.length) if self.num_chunks is None else self.num_chunks
+        if self.num_chunks is None:
+            n = auto_num_chunks(self.length, getattr(self.grammar, "max_auto_chunks", MAX_AUTO_CHUNKS))
+        else:
+            n = self.num_chunks
         return diagonal_chunks(self.length, n, self.grammar.cell_cost, self.grammar.row_offset)
 
     @functools.cached_property

@@ -101,6 +101,21 @@ def test_diagonal_chunks_cover_every_diagonal_once():
             assert all(d0 < d1 for d0, d1 in chunks)
 
 
+def test_automatic_chunk_count_is_capped_per_grammar():
+    """The Turner grammar's loop bodies are the expensive ones to compile: it caps the automatic
+    count at 8 chunks (BENCHMARKS.md, compile time), the stacking grammar at 16."""
+    from foldax.layers.chart import MAX_AUTO_CHUNKS, Problem
+    from foldax.layers.stacking import StackingGrammar
+    from foldax.layers.turner import TurnerGrammar
+
+    for grammar, cap in ((StackingGrammar(), MAX_AUTO_CHUNKS), (TurnerGrammar(), 8)):
+        assert len(Problem(grammar, 2000).chunks) == cap
+        assert len(Problem(grammar, 200).chunks) == 200 // 32  # short charts: one chunk per 32 nt
+        assert len(Problem(grammar, 2000, num_chunks=12).chunks) == 12  # an explicit count is kept
+        chunks = Problem(grammar, 1000).chunks
+        assert chunks[0][0] == 0 and chunks[-1][1] == 1000
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 def test_batch_with_mixed_lengths_equals_each_alone(dtype):
     rng = np.random.default_rng(11)
