@@ -3,9 +3,9 @@
 No training. The candidates are ViennaRNA's parameter sets (Turner 2004, its default; Andronescu
 2007; Langdon 2018; Turner 1999), each decoded as the MFE structure and as the MEA structure at each
 of ``--gammas``, and as the MEA structure whose gamma the sequence's own ensemble picks
-(``mea_pef``, :func:`pseudo_expected_f1`). For each held-out ArchiveII family the (set, decoder) pair is the one with the best
-mean-over-families F1 on the *other* families, never on the held-out one; the held-out family is then
-scored with it. This is a screen run on ViennaRNA itself (``fc.mfe``, ``fc.pf``, ``fc.MEA``, whose
+(``mea_pef``, :func:`pseudo_expected_f1`). For each held-out ArchiveII family the (set, decoder)
+pair is the one with the best mean-over-families F1 on the *other* families, never on the held-out
+one; the held-out family is then scored with it. This is a screen run on ViennaRNA itself (``fc.mfe``, ``fc.pf``, ``fc.MEA``, whose
 objective -- ``2 gamma P_ij`` per pair, ``q_i`` per unpaired base -- is
 :func:`foldax.layers.mea_structure`'s), because ViennaRNA computes the same ensembles as foldax
 (tests/test_turner_*) in a fraction of the compile-heavy time; ``benchmarks/familyfold_gamma.py
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
             items.sort(key=lambda item: -len(item[0]))
             chunks = [items[k:k + 8] for k in range(0, len(items), 8)]
             for name in sets:
-                if f"{name}/mfe" in per_family.get(family, {}):
+                if f"{name}/mea_pef" in per_family.get(family, {}):  # (older files lack it: rerun)
                     continue
                 t0 = time.time()
                 rows = [row for part in pool.map(_fold_chunk, [(name, gammas, c) for c in chunks]) for row in part]
