@@ -5,8 +5,8 @@ No training. The candidates are ViennaRNA's parameter sets (Turner 2004, its def
 of ``--gammas``, and as the MEA structure whose gamma the sequence's own ensemble picks
 (``mea_pef``, :func:`pseudo_expected_f1`). For each held-out ArchiveII family the (set, decoder)
 pair is the one with the best mean-over-families F1 on the *other* families, never on the held-out
-one; the held-out family is then scored with it. This is a screen run on ViennaRNA itself (``fc.mfe``, ``fc.pf``, ``fc.MEA``, whose
-objective -- ``2 gamma P_ij`` per pair, ``q_i`` per unpaired base -- is
+one; the held-out family is then scored with it. This is a screen run on ViennaRNA itself
+(``fc.mfe``, ``fc.pf``, ``fc.MEA``, whose objective -- ``2 gamma P_ij`` per pair, ``q_i`` per unpaired base -- is
 :func:`foldax.layers.mea_structure`'s), because ViennaRNA computes the same ensembles as foldax
 (tests/test_turner_*) in a fraction of the compile-heavy time; ``benchmarks/familyfold_gamma.py
 --params`` then measures a chosen set with foldax itself.

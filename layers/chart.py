@@ -60,10 +60,10 @@ from jax import lax
 
 from foldax.layers.semiring import LOG, MAX, SampleSemiring
 
-#: Upper limit of the automatic chunk count (see ``auto_num_chunks``); a grammar may set its
-#: own (``max_auto_chunks``: each chunk is a loop body that XLA compiles on its own).
+#: Upper limit of the automatic chunk count (see ``auto_num_chunks``); each grammar sets its own
+#: (``max_auto_chunks``: each chunk is a loop body that XLA compiles on its own).
 MAX_AUTO_CHUNKS = 16
-#: ``num_chunks=None`` everywhere means ``auto_num_chunks(L)``.
+#: ``num_chunks=None`` everywhere means ``auto_num_chunks(L, grammar.max_auto_chunks)``.
 DEFAULT_NUM_CHUNKS = None
 #: Chunks of the exact re-run after a one-pass overflow (few: it is rare, and each
 #: chunk is another loop body to compile).
@@ -166,7 +166,7 @@ class Problem:
     @functools.cached_property
     def chunks(self):
         if self.num_chunks is None:
-            n = auto_num_chunks(self.length, getattr(self.grammar, "max_auto_chunks", MAX_AUTO_CHUNKS))
+            n = auto_num_chunks(self.length, self.grammar.max_auto_chunks)
         else:
             n = self.num_chunks
         return diagonal_chunks(self.length, n, self.grammar.cell_cost, self.grammar.row_offset)

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from foldax.layers.alphabet import NUM_TOKENS
-from foldax.layers.chart import View
+from foldax.layers.chart import MAX_AUTO_CHUNKS, View
 
 #: Shapes of the stacking grammar's parameters (``layers.init_params``).
 PARAM_SHAPES = {
@@ -117,6 +117,7 @@ class StackingGrammar:
     one_pass = True  # Zn has a lower bound from the previous diagonal
     cell_cost = 0
     row_offset = 1
+    max_auto_chunks = MAX_AUTO_CHUNKS
 
     def block(self, d0, d1, length):
         """(split rows, cells) read by every diagonal of the chunk [d0, d1)."""
