@@ -162,7 +162,8 @@ class FoldResult:
         :attr:`evaluated_energy` when known."""
         if self.energy_kT is None:
             return None
-        return -self.energy_kT * self.score if self.evaluated_energy is None else self.evaluated_energy
+        # + 0.0: the open chain's -kT * 0 is -0.0, which would print as "( -0.00)"; RNAfold prints "(  0.00)".
+        return (-self.energy_kT * self.score if self.evaluated_energy is None else self.evaluated_energy) + 0.0
 
     @property
     def ensemble_energy(self) -> float | None:

@@ -787,6 +787,17 @@ def test_turner_model_prints_rnafold_numbers(capsys, tmp_path, fasta):
         assert line.endswith(f"({energy:6.2f})")
 
 
+def test_a_sequence_that_cannot_pair_prints_rnafolds_zero(capsys):
+    """No pair is possible (too short, or N only): the open chain's free energy prints as RNAfold's
+    ``(  0.00)``, not ``( -0.00)`` (-kT times a zero score is a negative zero)."""
+    for seq in ("ACGU", "NNNNNNNN"):
+        rc, out, err = run(capsys, ["fold", seq, "--model", "turner2004"])
+        assert rc == 0, err
+        assert out.splitlines()[2] == "." * len(seq) + " (  0.00)"
+    RNA = pytest.importorskip("RNA")
+    assert f"{RNA.fold_compound('ACGU').mfe()[1]:6.2f}" == "  0.00"
+
+
 def test_mea_without_gamma_uses_the_parameter_sets_own(capsys):
     """``--mea`` alone decodes with the parameter set's gamma: 0.5 for turner2004 (the registry's,
     chosen by family-fold on ArchiveII), 1 for a set without one. On this sequence the two differ."""
