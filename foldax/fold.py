@@ -162,8 +162,7 @@ class FoldResult:
         :attr:`evaluated_energy` when known."""
         if self.energy_kT is None:
             return None
-        # + 0.0: the open chain's -kT * 0 is -0.0, which would print as "( -0.00)"; RNAfold prints "(  0.00)".
-        return (-self.energy_kT * self.score if self.evaluated_energy is None else self.evaluated_energy) + 0.0
+        return _free_energy(self.energy_kT, self.score, self.evaluated_energy)
 
     @property
     def ensemble_energy(self) -> float | None:
@@ -593,6 +592,14 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
     return results  # type: ignore[return-value]
 
 
+def _free_energy(energy_kT: float, score: float, evaluated: float | None) -> float:
+    """A structure's free energy (kcal/mol): ``evaluated`` when known, else ``-kT score``.
+
+    ``+ 0.0``: the open chain's ``-kT * 0`` is -0.0, which would print as ``( -0.00)``; RNAfold
+    prints ``(  0.00)``."""
+    return (-energy_kT * score if evaluated is None else evaluated) + 0.0
+
+
 def _result(record: InputRecord, out: dict, row: int, n: int, energy_kT, request) -> FoldResult:
     """Row ``row`` of a program's outputs (see :func:`foldax.programs.fold_batch`) as a FoldResult."""
 
@@ -607,7 +614,7 @@ def _result(record: InputRecord, out: dict, row: int, n: int, energy_kT, request
     if "centroid" in out:
         energy = value("centroid_energy")
         centroid = dict(centroid=out["centroid"][row, :n].copy(), centroid_distance=value("centroid_distance"),
-                        centroid_energy=-energy_kT * value("centroid_score") if energy is None else energy)
+                        centroid_energy=_free_energy(energy_kT, value("centroid_score"), energy))
     return FoldResult(record, out["structure"][row, :n].copy(), value("score"), value("log_z"), p,
                       energy_kT=energy_kT, decoder=request.decoder, evaluated_energy=value("energy"), **centroid)
 
