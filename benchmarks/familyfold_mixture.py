@@ -1,0 +1,171 @@
+"""MEA on a mixture of several energy models' pair probabilities: family-fold screen on ArchiveII (issue 12).
+
+No training. For each sequence ViennaRNA computes the pair probabilities ``P_k`` under each component
+(a ViennaRNA parameter set by name, e.g. ``turner2004`` / ``turner1999``, or Turner 2004 with other
+multiloop terms, ``ml:a,b,c`` as in ``familyfold_multiloop.py``). Each candidate decoder is the MEA
+structure (``RNA.MEA_from_plist``, the objective of :func:`foldax.layers.mea_structure`) at one gamma of
+a mixture of a subset of the components, weighted
+
+* ``uniform``: ``mean_k P_k`` -- the families disagree on the uncertain terms, so hedge over them;
+* ``evidence``: ``SUM_k w_k P_k`` with ``w_k`` proportional to ``Z_k`` (each component's partition
+  function): the posterior of a model whose uncertain terms are a latent variable with a uniform prior.
+
+For each held-out family the (subset, weighting, gamma) with the best mean-over-families F1 on the
+*other* families is chosen (:func:`familyfold_gamma.best_on_others`), never on the held-out one.
+
+    .venv/bin/python benchmarks/familyfold_mixture.py --out /tmp/mix.json \
+        --components turner2004,ml:10.8,0,-2.7,ml:7.8,0,-0.3 --max-per-family 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from familyfold_gamma import best_on_others, family_examples, table_f1  # noqa: E402  (sibling benchmarks)
+from familyfold_multiloop import subset, write_candidate  # noqa: E402
+from familyfold_paramsets import SETS  # noqa: E402
+
+GAMMAS = (0.5, 1.0)
+WEIGHTINGS = ("uniform", "evidence")
+#: Pairs below this probability in the mixture are left out of the MEA's sparse list (ViennaRNA's own
+#: ``fc.MEA`` uses every pair; at 1e-6 the decoded structures are the same on the checks run).
+CUTOFF = 1e-6
+
+
+def parse_components(text: str) -> list[str]:
+    """The components of ``--components``: an ``ml:`` spec takes three comma-separated numbers.
+
+      >>> parse_components("turner2004,ml:10.8,0,-2.7,turner1999")
+      ['turner2004', 'ml:10.8,0,-2.7', 'turner1999']
+    """
+    parts, out = text.split(","), []
+    while parts:
+        head = parts.pop(0)
+        if head.startswith("ml:"):
+            out.append(",".join([head] + [parts.pop(0) for _ in range(2)]))
+        elif head:
+            out.append(head)
+    return out
+
+
+def key(subset_: tuple[int, ...], weighting: str, gamma: float) -> str:
+    return f"{'+'.join(map(str, subset_))}/{weighting}/mea{gamma:g}"
+
+
+def _ensemble(component, sequence):
+    """(log Z, upper-triangular pair probabilities) of ``sequence`` under one component."""
+    import numpy as np
+    import RNA
+
+    if component in SETS:
+        getattr(RNA, SETS[component])()
+    else:
+        RNA.params_load(component)  # a .par path
+    md = RNA.md()
+    md.pf_smooth = 0  # as foldax (and its tests against ViennaRNA)
+    fc = RNA.fold_compound(sequence, md)
+    _, mfe = fc.mfe()
+    fc.exp_params_rescale(mfe)
+    _, energy = fc.pf()
+    kt = (md.temperature + 273.15) * 1.98717 / 1000
+    return -energy / kt, np.triu(np.array(fc.bpp())[1:, 1:], 1)
+
+
+def _fold_chunk(task):
+    """Per sequence of a chunk, the F1 of every (subset, weighting, gamma) decoder."""
+    import numpy as np
+    import RNA
+
+    from foldax.layers.dotbracket import from_dot_bracket
+
+    components, subsets, gammas, chunk = task
+    out = []
+    for sequence, true in chunk:
+        ens = [_ensemble(c, sequence) for c in components]
+        row = {}
+        for sub in subsets:
+            log_z = np.array([ens[k][0] for k in sub])
+            for weighting in WEIGHTINGS if len(sub) > 1 else ("uniform",):
+                w = np.full(len(sub), 1 / len(sub)) if weighting == "uniform" else np.exp(log_z - log_z.max())
+                w = w / w.sum()
+                mix = sum(wk * ens[k][1] for wk, k in zip(w, sub))
+                i, j = np.nonzero(mix >= CUTOFF)
+                plist = [RNA.ep(int(a) + 1, int(b) + 1, float(mix[a, b]), RNA.PLIST_TYPE_BASEPAIR)
+                         for a, b in zip(i, j)]
+                for g in gammas:
+                    structure = RNA.MEA_from_plist(plist, sequence, g)[0]
+                    row[key(sub, weighting, g)] = table_f1(from_dot_bracket(structure), true)
+        out.append(row)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--components", default="turner2004,turner1999",
+                        help="comma-separated: ViennaRNA set names or ml:a,b,c (Turner 2004, other multiloop terms)")
+    parser.add_argument("--gammas", default=",".join(map(str, GAMMAS)))
+    parser.add_argument("--max-per-family", type=int, default=0, help="a seeded random subset (0: all)")
+    parser.add_argument("--families", default="5s,srp,tRNA,tmRNA,RNaseP,grp1,16s,telomerase,23s")
+    parser.add_argument("--processes", type=int, default=2)
+    args = parser.parse_args(argv)
+    components = parse_components(args.components)
+    for c in components:
+        if not c.startswith("ml:") and c not in SETS:
+            parser.error(f"unknown component {c!r}; known: {', '.join(SETS)} or ml:a,b,c")
+    gammas = [float(g) for g in args.gammas.split(",")]
+    families = [f for f in args.families.split(",") if f]
+    subsets = [s for r in range(1, len(components) + 1) for s in itertools.combinations(range(len(components)), r)]
+    setup = {"components": components, "gammas": gammas, "max_per_family": args.max_per_family}
+
+    done = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
+    if done.get("setup") != setup:
+        done = {"setup": setup, "per_family": {}}
+    per_family = done["per_family"]
+    with tempfile.TemporaryDirectory() as tmp, multiprocessing.get_context("spawn").Pool(args.processes) as pool:
+        paths = [write_candidate(tuple(float(v) for v in c[3:].split(",")), tmp) if c.startswith("ml:") else c
+                 for c in components]
+        for family in families:
+            if family in per_family:
+                continue
+            examples = subset(family_examples(family, 512), args.max_per_family)
+            items = sorted(((ex["sequence"], ex["pair_table"]) for ex in examples), key=lambda it: -len(it[0]))
+            chunks = [items[k:k + 4] for k in range(0, len(items), 4)]
+            t0 = time.time()
+            rows = [r for part in pool.map(_fold_chunk, [(paths, subsets, gammas, c) for c in chunks]) for r in part]
+            per_family[family] = {"n_seqs": len(rows), **{k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}}
+            Path(args.out).write_text(json.dumps(done, indent=1))
+            print(f"# {family}: {len(rows)} sequences, {time.time() - t0:.0f} s", flush=True)
+
+    options = [k for k in per_family[families[0]] if k != "n_seqs"]
+    base = key((0,), "uniform", 0.5)
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    lines = [f"Components: {', '.join(f'{k} = {c}' for k, c in enumerate(components))}", "",
+             "| held-out family | seqs | chosen on the others | its F1 | component 0 MEA 0.5 |", "|---|---:|---|---:|---:|"]
+    chosen, own = [], []
+    for family in families:
+        pick = best_on_others(options, lambda f, o: per_family[f][o], families, family, tie=lambda o: o == base)
+        row = per_family[family]
+        chosen.append(row[pick])
+        own.append(row[base])
+        lines.append(f"| {family} | {row['n_seqs']} | {pick} | {chosen[-1]:.3f} | {own[-1]:.3f} |")
+    lines.append(f"| **mean of {len(families)}** | | | **{mean(chosen):.3f}** | {mean(own):.3f} |")
+    lines += ["", "Mean over families of each decoder:", ""]
+    for o in sorted(options, key=lambda o: -mean([per_family[f][o] for f in families])):
+        lines.append(f"- {o}: {mean([per_family[f][o] for f in families]):.3f} ("
+                     + " / ".join(f"{per_family[f][o]:.3f}" for f in families) + ")")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

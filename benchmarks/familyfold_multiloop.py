@@ -1,0 +1,180 @@
+"""The multiloop terms of Turner 2004 chosen by family-fold on ArchiveII (issue 12).
+
+Turner 2004 scores a multiloop linearly: ``a + b * unpaired + c * branches`` (ViennaRNA's
+``ML_params``: ``ml_closing`` a = 9.3, ``ml_base`` b = 0, ``ml_intern`` c = -0.9 kcal/mol). These three
+numbers are the least determined by optical melting (Mathews et al. 2004; Ward et al. 2017 searched them for
+prediction accuracy). Here each candidate ``(a, b, c)`` replaces them in Turner 2004 (every other table
+unchanged), and each (candidate, decoder) -- MFE, MEA at each of ``--gammas`` -- is scored on every
+family. For each held-out family the (candidate, decoder) with the best mean-over-families F1 on the
+*other* families is chosen (:func:`familyfold_gamma.best_on_others`), never on the held-out one.
+
+A screen on ViennaRNA (``RNA.params_load`` of the candidate's ``.par``, written by
+:func:`foldax.layers.save_parameter_file`), which computes the same ensembles as foldax
+(tests/test_turner*). ``--max-per-family K`` screens a seeded random subset of each family (the
+held-out family's own number is then re-measured on all its sequences with ``--full``).
+
+    .venv/bin/python benchmarks/familyfold_multiloop.py --out /tmp/ml.json --max-per-family 60
+    .venv/bin/python benchmarks/familyfold_multiloop.py --out /tmp/ml.json --max-per-family 60 --full /tmp/ml_full.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from familyfold_gamma import best_on_others, family_examples, table_f1  # noqa: E402  (a sibling benchmark)
+
+TURNER = (9.3, 0.0, -0.9)  # (ml_closing, ml_base, ml_intern), kcal/mol
+A_GRID = (6.3, 7.8, 9.3, 10.8)
+B_GRID = (0.0,)
+C_GRID = (-1.5, -0.9, -0.3)
+GAMMAS = (0.5, 1.0)
+FAMILIES = "5s,srp,tRNA,tmRNA,RNaseP,grp1,16s,telomerase,23s"
+
+
+def candidate_name(abc) -> str:
+    return "a{:g}/b{:g}/c{:g}".format(*abc)
+
+
+def write_candidate(abc, directory: str) -> str:
+    """Turner 2004 with the multiloop terms ``abc`` as a ViennaRNA ``.par`` file; returns its path."""
+    import foldax.layers as layers
+
+    params = dict(layers.turner2004(), ml_closing=abc[0], ml_base=abc[1], ml_intern=abc[2])
+    path = str(Path(directory) / (candidate_name(abc).replace("/", "_") + ".par"))
+    layers.save_params(params, path)
+    return path
+
+
+def _fold_chunk(task):
+    """Per sequence of a chunk, the F1 of the MFE and of MEA at each gamma under one ``.par``."""
+    import RNA
+
+    from foldax.layers.dotbracket import from_dot_bracket
+
+    par, gammas, chunk = task
+    RNA.params_load(par)
+    md = RNA.md()
+    md.pf_smooth = 0  # as foldax (and its tests against ViennaRNA)
+    out = []
+    for sequence, true in chunk:
+        fc = RNA.fold_compound(sequence, md)
+        structure, mfe = fc.mfe()
+        row = {"mfe": table_f1(from_dot_bracket(structure), true)}
+        fc.exp_params_rescale(mfe)
+        fc.pf()
+        for g in gammas:
+            row[f"mea{g:g}"] = table_f1(from_dot_bracket(fc.MEA(g)[0]), true)
+        out.append(row)
+    return out
+
+
+def subset(examples, limit: int, seed: int = 0):
+    """A seeded random subset of at most ``limit`` examples, in their order (all of them when ``limit`` is 0).
+
+      >>> picked = subset(list("abcdef"), 3)
+      >>> len(picked), picked == sorted(picked), picked == subset(list("abcdef"), 3), subset(list("abc"), 0)
+      (3, True, True, ['a', 'b', 'c'])
+    """
+    import numpy as np
+
+    if not limit or len(examples) <= limit:
+        return list(examples)
+    keep = np.sort(np.random.default_rng(seed).permutation(len(examples))[:limit])
+    return [examples[k] for k in keep]
+
+
+def score(out: str, candidates, gammas, families, limit: int, pool) -> dict:
+    """Per family and candidate, the mean F1 of each decoder (resumable JSON at ``out``)."""
+    setup = {"gammas": list(gammas), "max_per_family": limit}
+    done = json.loads(Path(out).read_text()) if Path(out).exists() else {}
+    if done.get("setup") != setup:
+        done = {"setup": setup, "per_family": {}}
+    per_family = done["per_family"]
+    with tempfile.TemporaryDirectory() as tmp:
+        pars = {candidate_name(c): write_candidate(c, tmp) for c in candidates}
+        for family in families:
+            examples = subset(family_examples(family, 512), limit)
+            items = sorted(((ex["sequence"], ex["pair_table"]) for ex in examples), key=lambda it: -len(it[0]))
+            chunks = [items[k:k + 4] for k in range(0, len(items), 4)]
+            for name, par in pars.items():
+                if name in per_family.get(family, {}):
+                    continue
+                t0 = time.time()
+                rows = [r for part in pool.map(_fold_chunk, [(par, gammas, c) for c in chunks]) for r in part]
+                per_family.setdefault(family, {})[name] = {
+                    "n_seqs": len(rows), **{k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}}
+                Path(out).write_text(json.dumps(done, indent=1))
+                print(f"# {family} {name}: {len(rows)} seqs, {time.time() - t0:.0f} s, "
+                      + ", ".join(f"{k} {v:.3f}" for k, v in per_family[family][name].items() if k != "n_seqs"),
+                      flush=True)
+    return per_family
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="screen results (JSON, resumable)")
+    parser.add_argument("--full", help="re-measure each family's chosen candidate on all its sequences here")
+    parser.add_argument("--max-per-family", type=int, default=0)
+    parser.add_argument("--a", default=",".join(map(str, A_GRID)), help="ml_closing values")
+    parser.add_argument("--b", default=",".join(map(str, B_GRID)), help="ml_base values")
+    parser.add_argument("--c", default=",".join(map(str, C_GRID)), help="ml_intern values")
+    parser.add_argument("--gammas", default=",".join(map(str, GAMMAS)))
+    parser.add_argument("--families", default=FAMILIES)
+    parser.add_argument("--processes", type=int, default=2)
+    args = parser.parse_args(argv)
+    grid = [tuple(float(v) for v in getattr(args, k).split(",")) for k in "abc"]
+    candidates = sorted(set(itertools.product(*grid)) | {TURNER})
+    gammas = [float(g) for g in args.gammas.split(",")]
+    families = [f for f in args.families.split(",") if f]
+    decoders = ["mfe"] + [f"mea{g:g}" for g in gammas]
+
+    with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
+        per_family = score(args.out, candidates, gammas, families, args.max_per_family, pool)
+        options = [(candidate_name(c), d) for c in candidates for d in decoders]
+        f1 = lambda f, o: per_family[f][o[0]][o[1]]  # noqa: E731
+        chosen = {f: best_on_others(options, f1, families, f,
+                                    tie=lambda o: (o[0] == candidate_name(TURNER), o[1] == "mea0.5"))
+                  for f in families}
+        full = None
+        if args.full:
+            by_name = {candidate_name(c): c for c in candidates}
+            full = {}
+            for family in families:
+                picks = {chosen[family][0], candidate_name(TURNER)}
+                part = score(args.full, [by_name[n] for n in sorted(picks)], gammas, [family], 0, pool)
+                full[family] = part[family]
+
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    source = full if full is not None else per_family
+    lines = ["| held-out family | seqs | (a, b, c), decoder chosen on the others | its F1 | Turner 2004 MEA 0.5 "
+             "| Turner 2004 MFE |", "|---|---:|---|---:|---:|---:|"]
+    got, base, mfe = [], [], []
+    for family in families:
+        name, decoder = chosen[family]
+        row, turner = source[family][name], source[family][candidate_name(TURNER)]
+        got.append(row[decoder])
+        base.append(turner["mea0.5"])
+        mfe.append(turner["mfe"])
+        lines.append(f"| {family} | {row['n_seqs']} | {name}, {decoder} | {got[-1]:.3f} | {base[-1]:.3f} "
+                     f"| {mfe[-1]:.3f} |")
+    lines.append(f"| **mean of {len(families)}** | | | **{mean(got):.3f}** | {mean(base):.3f} | {mean(mfe):.3f} |")
+    lines += ["", "Screen: mean over families of the ten best (candidate, decoder):", ""]
+    ranked = sorted(options, key=lambda o: -mean([f1(f, o) for f in families]))
+    for o in ranked[:10]:
+        lines.append(f"- {o[0]} {o[1]}: {mean([f1(f, o) for f in families]):.3f} ("
+                     + " / ".join(f"{f} {f1(f, o):.3f}" for f in families) + ")")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
