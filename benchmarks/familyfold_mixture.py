@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from familyfold_gamma import best_on_others, family_examples, table_f1  # noqa: E402  (sibling benchmarks)
 from familyfold_multiloop import subset, write_candidate  # noqa: E402
-from familyfold_paramsets import SETS  # noqa: E402
+from familyfold_paramsets import SETS, load_energies, ranked_lines, vienna_ensemble  # noqa: E402
 
 GAMMAS = (0.5, 1.0)
 WEIGHTINGS = ("uniform", "evidence")
@@ -62,22 +62,13 @@ def key(subset_: tuple[int, ...], weighting: str, gamma: float) -> str:
 
 
 def _ensemble(component, sequence):
-    """(log Z, upper-triangular pair probabilities) of ``sequence`` under one component."""
+    """(log Z, upper-triangular pair probabilities) of ``sequence`` under one component (a set's name
+    or a ``.par`` path)."""
     import numpy as np
-    import RNA
 
-    if component in SETS:
-        getattr(RNA, SETS[component])()
-    else:
-        RNA.params_load(component)  # a .par path
-    md = RNA.md()
-    md.pf_smooth = 0  # as foldax (and its tests against ViennaRNA)
-    fc = RNA.fold_compound(sequence, md)
-    _, mfe = fc.mfe()
-    fc.exp_params_rescale(mfe)
-    _, energy = fc.pf()
-    kt = (md.temperature + 273.15) * 1.98717 / 1000
-    return -energy / kt, np.triu(np.array(fc.bpp())[1:, 1:], 1)
+    load_energies(component)
+    fc, _, log_z = vienna_ensemble(sequence)
+    return log_z, np.triu(np.array(fc.bpp())[1:, 1:], 1)
 
 
 def _fold_chunk(task):
@@ -150,7 +141,8 @@ def main(argv=None) -> int:
     base = key((0,), "uniform", 0.5)
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     lines = [f"Components: {', '.join(f'{k} = {c}' for k, c in enumerate(components))}", "",
-             "| held-out family | seqs | chosen on the others | its F1 | component 0 MEA 0.5 |", "|---|---:|---|---:|---:|"]
+             "| held-out family | seqs | chosen on the others | its F1 | component 0 MEA 0.5 |",
+             "|---|---:|---|---:|---:|"]
     chosen, own = [], []
     for family in families:
         pick = best_on_others(options, lambda f, o: per_family[f][o], families, family, tie=lambda o: o == base)
@@ -159,10 +151,8 @@ def main(argv=None) -> int:
         own.append(row[base])
         lines.append(f"| {family} | {row['n_seqs']} | {pick} | {chosen[-1]:.3f} | {own[-1]:.3f} |")
     lines.append(f"| **mean of {len(families)}** | | | **{mean(chosen):.3f}** | {mean(own):.3f} |")
-    lines += ["", "Mean over families of each decoder:", ""]
-    for o in sorted(options, key=lambda o: -mean([per_family[f][o] for f in families])):
-        lines.append(f"- {o}: {mean([per_family[f][o] for f in families]):.3f} ("
-                     + " / ".join(f"{per_family[f][o]:.3f}" for f in families) + ")")
+    lines += ["", f"Mean over families of each decoder ({', '.join(families)}):", ""]
+    lines += ranked_lines(options, lambda f, o: per_family[f][o], families)
     print("\n".join(lines))
     return 0
 

@@ -11,7 +11,8 @@ family. For each held-out family the (candidate, decoder) with the best mean-ove
 A screen on ViennaRNA (``RNA.params_load`` of the candidate's ``.par``, written by
 :func:`foldax.layers.save_parameter_file`), which computes the same ensembles as foldax
 (tests/test_turner*). ``--max-per-family K`` screens a seeded random subset of each family (the
-held-out family's own number is then re-measured on all its sequences with ``--full``).
+held-out family's own number is then re-measured on all its sequences with ``--full``). The summary
+covers every candidate the ``--out`` file holds for all the families, so runs over several grids add up.
 
     .venv/bin/python benchmarks/familyfold_multiloop.py --out /tmp/ml.json --max-per-family 60
     .venv/bin/python benchmarks/familyfold_multiloop.py --out /tmp/ml.json --max-per-family 60 --full /tmp/ml_full.json
@@ -30,7 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from familyfold_gamma import best_on_others, family_examples, table_f1  # noqa: E402  (a sibling benchmark)
+from familyfold_gamma import best_on_others, family_examples, table_f1  # noqa: E402  (sibling benchmarks)
+from familyfold_paramsets import load_energies, ranked_lines, vienna_ensemble  # noqa: E402
 
 TURNER = (9.3, 0.0, -0.9)  # (ml_closing, ml_base, ml_intern), kcal/mol
 A_GRID = (6.3, 7.8, 9.3, 10.8)
@@ -41,7 +43,17 @@ FAMILIES = "5s,srp,tRNA,tmRNA,RNaseP,grp1,16s,telomerase,23s"
 
 
 def candidate_name(abc) -> str:
+    """``(a, b, c)`` -> ``"a9.3/b0/c-0.9"``, the candidate's key in the out file."""
     return "a{:g}/b{:g}/c{:g}".format(*abc)
+
+
+def parse_candidate(name: str) -> tuple[float, float, float]:
+    """The inverse of :func:`candidate_name`.
+
+      >>> parse_candidate(candidate_name(TURNER)) == TURNER
+      True
+    """
+    return tuple(float(part[1:]) for part in name.split("/"))
 
 
 def write_candidate(abc, directory: str) -> str:
@@ -56,21 +68,14 @@ def write_candidate(abc, directory: str) -> str:
 
 def _fold_chunk(task):
     """Per sequence of a chunk, the F1 of the MFE and of MEA at each gamma under one ``.par``."""
-    import RNA
-
     from foldax.layers.dotbracket import from_dot_bracket
 
     par, gammas, chunk = task
-    RNA.params_load(par)
-    md = RNA.md()
-    md.pf_smooth = 0  # as foldax (and its tests against ViennaRNA)
+    load_energies(par)
     out = []
     for sequence, true in chunk:
-        fc = RNA.fold_compound(sequence, md)
-        structure, mfe = fc.mfe()
+        fc, structure, _ = vienna_ensemble(sequence)
         row = {"mfe": table_f1(from_dot_bracket(structure), true)}
-        fc.exp_params_rescale(mfe)
-        fc.pf()
         for g in gammas:
             row[f"mea{g:g}"] = table_f1(from_dot_bracket(fc.MEA(g)[0]), true)
         out.append(row)
@@ -139,6 +144,9 @@ def main(argv=None) -> int:
 
     with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
         per_family = score(args.out, candidates, gammas, families, args.max_per_family, pool)
+        # Every candidate the out file holds for all the families (earlier grids too) takes part.
+        screened = set.intersection(*(set(per_family[f]) for f in families))
+        candidates = sorted(set(candidates) | {parse_candidate(n) for n in screened})
         options = [(candidate_name(c), d) for c in candidates for d in decoders]
         f1 = lambda f, o: per_family[f][o[0]][o[1]]  # noqa: E731
         chosen = {f: best_on_others(options, f1, families, f,
@@ -167,11 +175,8 @@ def main(argv=None) -> int:
         lines.append(f"| {family} | {row['n_seqs']} | {name}, {decoder} | {got[-1]:.3f} | {base[-1]:.3f} "
                      f"| {mfe[-1]:.3f} |")
     lines.append(f"| **mean of {len(families)}** | | | **{mean(got):.3f}** | {mean(base):.3f} | {mean(mfe):.3f} |")
-    lines += ["", "Screen: mean over families of the ten best (candidate, decoder):", ""]
-    ranked = sorted(options, key=lambda o: -mean([f1(f, o) for f in families]))
-    for o in ranked[:10]:
-        lines.append(f"- {o[0]} {o[1]}: {mean([f1(f, o) for f in families]):.3f} ("
-                     + " / ".join(f"{f} {f1(f, o):.3f}" for f in families) + ")")
+    lines += ["", f"Screen: the ten best (candidate, decoder) by their mean over families ({', '.join(families)}):", ""]
+    lines += ranked_lines(options, f1, families, label=" ".join)[:10]
     print("\n".join(lines))
     return 0
 

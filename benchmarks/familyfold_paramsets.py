@@ -61,27 +61,56 @@ def pseudo_expected_f1(pair_table, probs, expected_pairs: float) -> float:
     return 2 * float(probs[idx[paired], pair_table[paired]].sum()) / (int(paired.sum()) + expected_pairs)
 
 
+def load_energies(name_or_par: str) -> None:
+    """Makes ViennaRNA's energies (in this process) a set of :data:`SETS` by name, or a ``.par`` file."""
+    import RNA
+
+    if name_or_par in SETS:
+        getattr(RNA, SETS[name_or_par])()
+    else:
+        RNA.params_load(name_or_par)
+
+
+def vienna_ensemble(sequence: str):
+    """``(fold_compound, MFE structure, log Z)`` of ``sequence`` under the loaded energies, its
+    partition function computed (``pf_smooth = 0`` as foldax and its tests; Boltzmann factors rescaled
+    from the MFE so that long sequences do not overflow): ``fc.bpp()`` and ``fc.MEA`` are ready."""
+    import RNA
+
+    md = RNA.md()
+    md.pf_smooth = 0
+    fc = RNA.fold_compound(sequence, md)
+    structure, mfe = fc.mfe()
+    fc.exp_params_rescale(mfe)
+    _, ensemble_energy = fc.pf()
+    return fc, structure, -ensemble_energy / ((md.temperature + 273.15) * 1.98717 / 1000)
+
+
+def ranked_lines(options, family_f1, families, label=str) -> list[str]:
+    """Markdown bullets of every option by its mean over ``families`` of ``family_f1(family, option)``,
+    best first, with the per-family values."""
+    def mean(option):
+        return sum(family_f1(f, option) for f in families) / len(families)
+
+    return [f"- {label(o)}: {mean(o):.3f} (" + " / ".join(f"{family_f1(f, o):.3f}" for f in families) + ")"
+            for o in sorted(options, key=lambda o: -mean(o))]
+
+
 def _fold_chunk(task):
     """F1 of every decoder for a chunk of ``(sequence, reference pair table)`` under one parameter set.
 
     ``mea_pef``: per sequence, the MEA structure of the gamma (of ``gammas``) whose pseudo-expected F1
     is the highest -- a decoder that chooses its own gamma from the ensemble, with nothing fitted."""
     import numpy as np
-    import RNA
 
     from foldax.layers.dotbracket import from_dot_bracket
 
     name, gammas, chunk = task
-    getattr(RNA, SETS[name])()
-    md = RNA.md()
-    md.pf_smooth = 0  # as foldax (and its tests against ViennaRNA)
+    load_energies(name)
     out = []
     for sequence, true in chunk:
-        fc = RNA.fold_compound(sequence, md)
-        structure, mfe = fc.mfe()
+        fc, structure, _ = vienna_ensemble(sequence)
         row = {"mfe": table_f1(from_dot_bracket(structure), true)}
-        fc.exp_params_rescale(mfe)
-        fc.pf()
         probs = np.array(fc.bpp())[1:, 1:]
         probs = probs + probs.T
         expected_pairs = float(np.triu(probs, 1).sum())
@@ -150,9 +179,7 @@ def main(argv=None) -> int:
     lines.append(f"| **mean of {len(families)}** | | | **{mean(chosen_f1):.3f}** | {mean(t_mea):.3f} | "
                  f"{mean(t_mfe):.3f} |")
     lines += ["", "Mean over families of each set and decoder:", ""]
-    for key in sorted(scores[families[0]], key=lambda k: -mean([scores[f][k] for f in families])):
-        lines.append(f"- {key}: {mean([scores[f][key] for f in families]):.3f} ("
-                     + " / ".join(f"{scores[f][key]:.3f}" for f in families) + ")")
+    lines += ranked_lines(scores[families[0]], lambda f, k: scores[f][k], families)
     print("\n".join(lines))
     return 0
 
