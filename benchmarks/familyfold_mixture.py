@@ -2,7 +2,7 @@
 
 No training. For each sequence ViennaRNA computes the pair probabilities ``P_k`` under each component
 (a ViennaRNA parameter set by name, e.g. ``turner2004`` / ``turner1999``, or Turner 2004 with other
-multiloop terms, ``ml:a,b,c`` as in ``familyfold_multiloop.py``). Each candidate decoder is the MEA
+multiloop terms, ``ml:a,b,c`` as in ``familyfold_terms.py``). Each candidate decoder is the MEA
 structure (``RNA.MEA_from_plist``, the objective of :func:`foldax.layers.mea_structure`) at one gamma of
 a mixture of a subset of the components, weighted
 
@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from familyfold_gamma import best_on_others, family_examples, table_f1  # noqa: E402  (sibling benchmarks)
-from familyfold_multiloop import subset, write_candidate  # noqa: E402
+from familyfold_terms import candidate_name, subset, write_candidate  # noqa: E402
 from familyfold_paramsets import SETS, load_energies, ranked_lines, vienna_ensemble  # noqa: E402
 
 GAMMAS = (0.5, 1.0)
@@ -123,8 +123,8 @@ def main(argv=None) -> int:
         done = {"setup": setup, "per_family": {}}
     per_family = done["per_family"]
     with tempfile.TemporaryDirectory() as tmp, multiprocessing.get_context("spawn").Pool(args.processes) as pool:
-        paths = [write_candidate(tuple(float(v) for v in c[3:].split(",")), tmp) if c.startswith("ml:") else c
-                 for c in components]
+        paths = [write_candidate(candidate_name(float(v) for v in c[3:].split(",")), tmp) if c.startswith("ml:")
+                 else c for c in components]
         for family in families:
             if family in per_family:
                 continue

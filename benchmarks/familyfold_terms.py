@@ -1,10 +1,11 @@
-"""The multiloop terms of Turner 2004 chosen by family-fold on ArchiveII (issue 12).
+"""Turner 2004's global terms (the multiloop's and others) chosen by family-fold on ArchiveII (issue 12).
 
 Turner 2004 scores a multiloop linearly: ``a + b * unpaired + c * branches`` (ViennaRNA's
 ``ML_params``: ``ml_closing`` a = 9.3, ``ml_base`` b = 0, ``ml_intern`` c = -0.9 kcal/mol). These three
 numbers are the least determined by optical melting (Mathews et al. 2004; Ward et al. 2017 searched them for
-prediction accuracy). Here each candidate ``(a, b, c)`` replaces them in Turner 2004 (every other table
-unchanged), and each (candidate, decoder) -- MFE, MEA at each of ``--gammas`` -- is scored on every
+prediction accuracy). Here each candidate ``(a, b, c)`` of the ``--a/--b/--c`` grid replaces them in Turner
+2004 (every other table unchanged); ``--terms`` adds candidates that change other terms, ``key=value``
+to set one or ``key+=delta`` to add ``delta`` to every entry of a table (``;`` joins changes). Each (candidate, decoder) -- MFE, MEA at each of ``--gammas`` -- is scored on every
 family. For each held-out family the (candidate, decoder) with the best mean-over-families F1 on the
 *other* families is chosen (:func:`familyfold_gamma.best_on_others`), never on the held-out one.
 
@@ -14,8 +15,10 @@ A screen on ViennaRNA (``RNA.params_load`` of the candidate's ``.par``, written 
 held-out family's own number is then re-measured on all its sequences with ``--full``). The summary
 covers every candidate the ``--out`` file holds for all the families, so runs over several grids add up.
 
-    .venv/bin/python benchmarks/familyfold_multiloop.py --out /tmp/ml.json --max-per-family 60
-    .venv/bin/python benchmarks/familyfold_multiloop.py --out /tmp/ml.json --max-per-family 60 --full /tmp/ml_full.json
+    .venv/bin/python benchmarks/familyfold_terms.py --out /tmp/ml.json --max-per-family 60
+    .venv/bin/python benchmarks/familyfold_terms.py --out /tmp/ml.json --max-per-family 60 --full /tmp/ml_full.json
+    .venv/bin/python benchmarks/familyfold_terms.py --out /tmp/ml.json --max-per-family 60 --a 9.3 --c=-0.9 \
+        --terms "terminal_au=0.3,terminal_au=0.7,hairpin+=0.5"
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import argparse
 import itertools
 import json
 import multiprocessing
+import re
 import sys
 import tempfile
 import time
@@ -34,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from familyfold_gamma import best_on_others, family_examples, table_f1  # noqa: E402  (sibling benchmarks)
 from familyfold_paramsets import load_energies, ranked_lines, vienna_ensemble  # noqa: E402
 
-TURNER = (9.3, 0.0, -0.9)  # (ml_closing, ml_base, ml_intern), kcal/mol
+ML_TERMS = ("ml_closing", "ml_base", "ml_intern")  # a, b, c
+TURNER = (9.3, 0.0, -0.9)  # kcal/mol
 A_GRID = (6.3, 7.8, 9.3, 10.8)
 B_GRID = (0.0,)
 C_GRID = (-1.5, -0.9, -0.3)
@@ -43,25 +48,42 @@ FAMILIES = "5s,srp,tRNA,tmRNA,RNaseP,grp1,16s,telomerase,23s"
 
 
 def candidate_name(abc) -> str:
-    """``(a, b, c)`` -> ``"a9.3/b0/c-0.9"``, the candidate's key in the out file."""
+    """``(a, b, c)`` -> ``"a9.3/b0/c-0.9"``, a multiloop candidate's key in the out file."""
     return "a{:g}/b{:g}/c{:g}".format(*abc)
 
 
-def parse_candidate(name: str) -> tuple[float, float, float]:
-    """The inverse of :func:`candidate_name`.
+TURNER_NAME = candidate_name(TURNER)
 
-      >>> parse_candidate(candidate_name(TURNER)) == TURNER
-      True
+
+def changes(name: str) -> list[tuple[str, str, float]]:
+    """A candidate's changes to Turner 2004 as ``(table, "=" or "+=", value)``.
+
+      >>> changes(TURNER_NAME)
+      [('ml_closing', '=', 9.3), ('ml_base', '=', 0.0), ('ml_intern', '=', -0.9)]
+      >>> changes("terminal_au=0.3;hairpin+=-0.5")
+      [('terminal_au', '=', 0.3), ('hairpin', '+=', -0.5)]
     """
-    return tuple(float(part[1:]) for part in name.split("/"))
+    if re.fullmatch(r"a[-.\d]+/b[-.\d]+/c[-.\d]+", name):
+        return [(key, "=", float(part[1:])) for key, part in zip(ML_TERMS, name.split("/"))]
+    out = []
+    for change in name.split(";"):
+        key, op, value = re.fullmatch(r"(\w+)(\+?=)(.+)", change).groups()
+        out.append((key, op, float(value)))
+    return out
 
 
-def write_candidate(abc, directory: str) -> str:
-    """Turner 2004 with the multiloop terms ``abc`` as a ViennaRNA ``.par`` file; returns its path."""
+def write_candidate(name: str, directory: str) -> str:
+    """Turner 2004 with a candidate's changes as a ViennaRNA ``.par`` file; returns its path."""
+    import numpy as np
+
     import foldax.layers as layers
 
-    params = dict(layers.turner2004(), ml_closing=abc[0], ml_base=abc[1], ml_intern=abc[2])
-    path = str(Path(directory) / (candidate_name(abc).replace("/", "_") + ".par"))
+    params = dict(layers.turner2004())
+    for key, op, value in changes(name):
+        if key not in params or key == "special_hairpins":
+            raise ValueError(f"candidate {name!r}: no table {key!r} in Turner 2004")
+        params[key] = value if op == "=" else np.asarray(params[key]) + value
+    path = str(Path(directory) / (re.sub(r"[^\w.=+-]", "_", name) + ".par"))
     layers.save_params(params, path)
     return path
 
@@ -105,7 +127,7 @@ def score(out: str, candidates, gammas, families, limit: int, pool) -> dict:
         done = {"setup": setup, "per_family": {}}
     per_family = done["per_family"]
     with tempfile.TemporaryDirectory() as tmp:
-        pars = {candidate_name(c): write_candidate(c, tmp) for c in candidates}
+        pars = {name: write_candidate(name, tmp) for name in candidates}
         for family in families:
             examples = subset(family_examples(family, 512), limit)
             items = sorted(((ex["sequence"], ex["pair_table"]) for ex in examples), key=lambda it: -len(it[0]))
@@ -132,12 +154,14 @@ def main(argv=None) -> int:
     parser.add_argument("--a", default=",".join(map(str, A_GRID)), help="ml_closing values")
     parser.add_argument("--b", default=",".join(map(str, B_GRID)), help="ml_base values")
     parser.add_argument("--c", default=",".join(map(str, C_GRID)), help="ml_intern values")
+    parser.add_argument("--terms", default="", help="more candidates, comma-separated: key=value or key+=delta")
     parser.add_argument("--gammas", default=",".join(map(str, GAMMAS)))
     parser.add_argument("--families", default=FAMILIES)
     parser.add_argument("--processes", type=int, default=2)
     args = parser.parse_args(argv)
     grid = [tuple(float(v) for v in getattr(args, k).split(",")) for k in "abc"]
-    candidates = sorted(set(itertools.product(*grid)) | {TURNER})
+    candidates = sorted({candidate_name(c) for c in itertools.product(*grid)} | {TURNER_NAME}
+                        | {t for t in args.terms.split(",") if t})
     gammas = [float(g) for g in args.gammas.split(",")]
     families = [f for f in args.families.split(",") if f]
     decoders = ["mfe"] + [f"mea{g:g}" for g in gammas]
@@ -146,29 +170,28 @@ def main(argv=None) -> int:
         per_family = score(args.out, candidates, gammas, families, args.max_per_family, pool)
         # Every candidate the out file holds for all the families (earlier grids too) takes part.
         screened = set.intersection(*(set(per_family[f]) for f in families))
-        candidates = sorted(set(candidates) | {parse_candidate(n) for n in screened})
-        options = [(candidate_name(c), d) for c in candidates for d in decoders]
+        candidates = sorted(set(candidates) | screened)
+        options = [(c, d) for c in candidates for d in decoders]
         f1 = lambda f, o: per_family[f][o[0]][o[1]]  # noqa: E731
         chosen = {f: best_on_others(options, f1, families, f,
-                                    tie=lambda o: (o[0] == candidate_name(TURNER), o[1] == "mea0.5"))
+                                    tie=lambda o: (o[0] == TURNER_NAME, o[1] == "mea0.5"))
                   for f in families}
         full = None
         if args.full:
-            by_name = {candidate_name(c): c for c in candidates}
             full = {}
             for family in families:
-                picks = {chosen[family][0], candidate_name(TURNER)}
-                part = score(args.full, [by_name[n] for n in sorted(picks)], gammas, [family], 0, pool)
+                picks = sorted({chosen[family][0], TURNER_NAME})
+                part = score(args.full, picks, gammas, [family], 0, pool)
                 full[family] = part[family]
 
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     source = full if full is not None else per_family
-    lines = ["| held-out family | seqs | (a, b, c), decoder chosen on the others | its F1 | Turner 2004 MEA 0.5 "
+    lines = ["| held-out family | seqs | candidate, decoder chosen on the others | its F1 | Turner 2004 MEA 0.5 "
              "| Turner 2004 MFE |", "|---|---:|---|---:|---:|---:|"]
     got, base, mfe = [], [], []
     for family in families:
         name, decoder = chosen[family]
-        row, turner = source[family][name], source[family][candidate_name(TURNER)]
+        row, turner = source[family][name], source[family][TURNER_NAME]
         got.append(row[decoder])
         base.append(turner["mea0.5"])
         mfe.append(turner["mfe"])
