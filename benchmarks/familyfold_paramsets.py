@@ -77,13 +77,15 @@ def vienna_ensemble(sequence: str):
     from the MFE so that long sequences do not overflow): ``fc.bpp()`` and ``fc.MEA`` are ready."""
     import RNA
 
+    from foldax.layers import KT
+
     md = RNA.md()
     md.pf_smooth = 0
     fc = RNA.fold_compound(sequence, md)
     structure, mfe = fc.mfe()
     fc.exp_params_rescale(mfe)
     _, ensemble_energy = fc.pf()
-    return fc, structure, -ensemble_energy / ((md.temperature + 273.15) * 1.98717 / 1000)
+    return fc, structure, -ensemble_energy / KT  # 37 C, ViennaRNA's default
 
 
 def ranked_lines(options, family_f1, families, label=str) -> list[str]:
