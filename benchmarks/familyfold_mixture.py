@@ -8,7 +8,10 @@ a mixture of a subset of the components, weighted
 
 * ``uniform``: ``mean_k P_k`` -- the families disagree on the uncertain terms, so hedge over them;
 * ``evidence``: ``SUM_k w_k P_k`` with ``w_k`` proportional to ``Z_k`` (each component's partition
-  function): the posterior of a model whose uncertain terms are a latent variable with a uniform prior.
+  function): the posterior of a model whose uncertain terms are a latent variable with a uniform prior;
+* ``gate<t>`` (``--gates``, pairs of components ``(0, k)`` only): ``P_k`` where its log partition
+  function exceeds component 0's by at least ``t`` nats per 100 nt, else ``P_0`` -- a per-sequence choice
+  of model by how much the sequence gains from the other's energies (cheaper junctions, say).
 
 For each held-out family the (subset, weighting, gamma) with the best mean-over-families F1 on the
 *other* families is chosen (:func:`familyfold_gamma.best_on_others`), never on the held-out one.
@@ -78,15 +81,24 @@ def _fold_chunk(task):
 
     from foldax.layers.dotbracket import from_dot_bracket
 
-    components, subsets, gammas, chunk = task
+    components, subsets, gammas, gates, chunk = task
     out = []
     for sequence, true in chunk:
         ens = [_ensemble(c, sequence) for c in components]
         row = {}
         for sub in subsets:
             log_z = np.array([ens[k][0] for k in sub])
-            for weighting in WEIGHTINGS if len(sub) > 1 else ("uniform",):
-                w = np.full(len(sub), 1 / len(sub)) if weighting == "uniform" else np.exp(log_z - log_z.max())
+            weightings = WEIGHTINGS if len(sub) > 1 else ("uniform",)
+            if len(sub) == 2 and sub[0] == 0:
+                weightings += tuple(f"gate{t:g}" for t in gates)
+            for weighting in weightings:
+                if weighting == "uniform":
+                    w = np.full(len(sub), 1 / len(sub))
+                elif weighting == "evidence":
+                    w = np.exp(log_z - log_z.max())
+                else:  # gate<t>: the second component where it gains t nats per 100 nt or more
+                    gain = (log_z[1] - log_z[0]) * 100 / len(sequence)
+                    w = np.array([0.0, 1.0]) if gain >= float(weighting[4:]) else np.array([1.0, 0.0])
                 w = w / w.sum()
                 mix = sum(wk * ens[k][1] for wk, k in zip(w, sub))
                 i, j = np.nonzero(mix >= CUTOFF)
@@ -105,6 +117,7 @@ def main(argv=None) -> int:
     parser.add_argument("--components", default="turner2004,turner1999",
                         help="comma-separated: ViennaRNA set names or ml:a,b,c (Turner 2004, other multiloop terms)")
     parser.add_argument("--gammas", default=",".join(map(str, GAMMAS)))
+    parser.add_argument("--gates", default="", help="thresholds t of the gate<t> weighting (nats per 100 nt)")
     parser.add_argument("--max-per-family", type=int, default=0, help="a seeded random subset (0: all)")
     parser.add_argument("--families", default="5s,srp,tRNA,tmRNA,RNaseP,grp1,16s,telomerase,23s")
     parser.add_argument("--processes", type=int, default=2)
@@ -116,7 +129,10 @@ def main(argv=None) -> int:
     gammas = [float(g) for g in args.gammas.split(",")]
     families = [f for f in args.families.split(",") if f]
     subsets = [s for r in range(1, len(components) + 1) for s in itertools.combinations(range(len(components)), r)]
+    gates = [float(t) for t in args.gates.split(",") if t]
     setup = {"components": components, "gammas": gammas, "max_per_family": args.max_per_family}
+    if gates:  # (files written before --gates have no such key)
+        setup["gates"] = gates
 
     done = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
     if done.get("setup") != setup:
@@ -132,7 +148,8 @@ def main(argv=None) -> int:
             items = sorted(((ex["sequence"], ex["pair_table"]) for ex in examples), key=lambda it: -len(it[0]))
             chunks = [items[k:k + 4] for k in range(0, len(items), 4)]
             t0 = time.time()
-            rows = [r for part in pool.map(_fold_chunk, [(paths, subsets, gammas, c) for c in chunks]) for r in part]
+            tasks = [(paths, subsets, gammas, gates, c) for c in chunks]
+            rows = [r for part in pool.map(_fold_chunk, tasks) for r in part]
             per_family[family] = {"n_seqs": len(rows), **{k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}}
             Path(args.out).write_text(json.dumps(done, indent=1))
             print(f"# {family}: {len(rows)} sequences, {time.time() - t0:.0f} s", flush=True)
