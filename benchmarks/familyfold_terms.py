@@ -5,9 +5,10 @@ Turner 2004 scores a multiloop linearly: ``a + b * unpaired + c * branches`` (Vi
 numbers are the least determined by optical melting (Mathews et al. 2004; Ward et al. 2017 searched them for
 prediction accuracy). Here each candidate ``(a, b, c)`` of the ``--a/--b/--c`` grid replaces them in Turner
 2004 (every other table unchanged); ``--terms`` adds candidates that change other terms, ``key=value``
-to set one or ``key+=delta`` to add ``delta`` to every entry of a table (``;`` joins changes). Each (candidate, decoder) -- MFE, MEA at each of ``--gammas`` -- is scored on every
-family. For each held-out family the (candidate, decoder) with the best mean-over-families F1 on the
-*other* families is chosen (:func:`familyfold_gamma.best_on_others`), never on the held-out one.
+to set one or ``key+=delta`` to add ``delta`` to every entry of a table (``;`` joins changes). Each
+(candidate, decoder) -- MFE, MEA at each of ``--gammas`` -- is scored on every family. For each
+held-out family the (candidate, decoder) with the best mean-over-families F1 on the *other* families is
+chosen (:func:`familyfold_gamma.best_on_others`), never on the held-out one.
 
 A screen on ViennaRNA (``RNA.params_load`` of the candidate's ``.par``, written by
 :func:`foldax.layers.save_parameter_file`), which computes the same ensembles as foldax
@@ -62,13 +63,20 @@ def changes(name: str) -> list[tuple[str, str, float]]:
       [('ml_closing', '=', 9.3), ('ml_base', '=', 0.0), ('ml_intern', '=', -0.9)]
       >>> changes("terminal_au=0.3;hairpin+=-0.5")
       [('terminal_au', '=', 0.3), ('hairpin', '+=', -0.5)]
+      >>> changes("hairpin-0.5")
+      Traceback (most recent call last):
+      ...
+      ValueError: candidate 'hairpin-0.5': change 'hairpin-0.5' is not key=value or key+=delta
     """
     if re.fullmatch(r"a[-.\d]+/b[-.\d]+/c[-.\d]+", name):
         return [(key, "=", float(part[1:])) for key, part in zip(ML_TERMS, name.split("/"))]
     out = []
     for change in name.split(";"):
-        key, op, value = re.fullmatch(r"(\w+)(\+?=)(.+)", change).groups()
-        out.append((key, op, float(value)))
+        match = re.fullmatch(r"(\w+)(\+?=)(.+)", change)
+        try:
+            out.append((match[1], match[2], float(match[3])))
+        except (TypeError, ValueError):  # no match, or not a number
+            raise ValueError(f"candidate {name!r}: change {change!r} is not key=value or key+=delta") from None
     return out
 
 
@@ -162,6 +170,12 @@ def main(argv=None) -> int:
     grid = [tuple(float(v) for v in getattr(args, k).split(",")) for k in "abc"]
     candidates = sorted({candidate_name(c) for c in itertools.product(*grid)} | {TURNER_NAME}
                         | {t for t in args.terms.split(",") if t})
+    try:  # a bad --terms entry fails here, before any folding
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in candidates:
+                write_candidate(name, tmp)
+    except ValueError as err:
+        parser.error(str(err))
     gammas = [float(g) for g in args.gammas.split(",")]
     families = [f for f in args.families.split(",") if f]
     decoders = ["mfe"] + [f"mea{g:g}" for g in gammas]
