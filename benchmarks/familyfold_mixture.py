@@ -49,12 +49,24 @@ def parse_components(text: str) -> list[str]:
 
       >>> parse_components("turner2004,ml:10.8,0,-2.7,turner1999")
       ['turner2004', 'ml:10.8,0,-2.7', 'turner1999']
+      >>> parse_components("turner2004,ml:10.8,0")
+      Traceback (most recent call last):
+      ...
+      ValueError: component 'ml:10.8,0' needs three numbers (ml:a,b,c)
     """
     parts, out = text.split(","), []
     while parts:
         head = parts.pop(0)
         if head.startswith("ml:"):
-            out.append(",".join([head] + [parts.pop(0) for _ in range(2)]))
+            spec = ",".join([head] + parts[:2])
+            del parts[:2]
+            try:
+                if len(spec[3:].split(",")) != 3:
+                    raise ValueError
+                [float(v) for v in spec[3:].split(",")]
+            except ValueError:
+                raise ValueError(f"component {spec!r} needs three numbers (ml:a,b,c)") from None
+            out.append(spec)
         elif head:
             out.append(head)
     return out
@@ -122,7 +134,10 @@ def main(argv=None) -> int:
     parser.add_argument("--families", default="5s,srp,tRNA,tmRNA,RNaseP,grp1,16s,telomerase,23s")
     parser.add_argument("--processes", type=int, default=2)
     args = parser.parse_args(argv)
-    components = parse_components(args.components)
+    try:
+        components = parse_components(args.components)
+    except ValueError as err:
+        parser.error(str(err))
     for c in components:
         if not c.startswith("ml:") and c not in SETS:
             parser.error(f"unknown component {c!r}; known: {', '.join(SETS)} or ml:a,b,c")
