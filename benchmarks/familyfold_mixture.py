@@ -76,14 +76,17 @@ def key(subset_: tuple[int, ...], weighting: str, gamma: float) -> str:
     return f"{'+'.join(map(str, subset_))}/{weighting}/mea{gamma:g}"
 
 
-def _ensemble(component, sequence):
-    """(log Z, upper-triangular pair probabilities) of ``sequence`` under one component (a set's name
-    or a ``.par`` path)."""
+def _ensembles(component, sequences):
+    """Per sequence, (log Z, upper-triangular pair probabilities) under one component (a set's name or
+    a ``.par`` path, loaded once)."""
     import numpy as np
 
     load_energies(component)
-    fc, _, log_z = vienna_ensemble(sequence)
-    return log_z, np.triu(np.array(fc.bpp())[1:, 1:], 1)
+    out = []
+    for sequence in sequences:
+        fc, _, log_z = vienna_ensemble(sequence)
+        out.append((log_z, np.triu(np.array(fc.bpp())[1:, 1:], 1)))
+    return out
 
 
 def _fold_chunk(task):
@@ -94,9 +97,10 @@ def _fold_chunk(task):
     from foldax.layers.dotbracket import from_dot_bracket
 
     components, subsets, gammas, gates, chunk = task
+    by_component = [_ensembles(c, [sequence for sequence, _ in chunk]) for c in components]
     out = []
-    for sequence, true in chunk:
-        ens = [_ensemble(c, sequence) for c in components]
+    for n, (sequence, true) in enumerate(chunk):
+        ens = [per_sequence[n] for per_sequence in by_component]
         row = {}
         for sub in subsets:
             log_z = np.array([ens[k][0] for k in sub])

@@ -98,28 +98,33 @@ def ranked_lines(options, family_f1, families, label=str) -> list[str]:
             for o in sorted(options, key=lambda o: -mean(o))]
 
 
-def _fold_chunk(task):
-    """F1 of every decoder for a chunk of ``(sequence, reference pair table)`` under one parameter set.
+def fold_chunk(task):
+    """F1 of every decoder for a chunk of ``(sequence, reference pair table)`` under one parameter set
+    (a name of :data:`SETS` or a ``.par`` path): ``task = (set, gammas, chunk, with_pef)``.
 
-    ``mea_pef``: per sequence, the MEA structure of the gamma (of ``gammas``) whose pseudo-expected F1
-    is the highest -- a decoder that chooses its own gamma from the ensemble, with nothing fitted."""
+    ``mea_pef`` (with ``with_pef``): per sequence, the MEA structure of the gamma (of ``gammas``) whose
+    pseudo-expected F1 is the highest -- a decoder that chooses its own gamma from the ensemble, with
+    nothing fitted."""
     import numpy as np
 
     from foldax.layers.dotbracket import from_dot_bracket
 
-    name, gammas, chunk = task
+    name, gammas, chunk, with_pef = task
     load_energies(name)
     out = []
     for sequence, true in chunk:
         fc, structure, _ = vienna_ensemble(sequence)
         row = {"mfe": table_f1(from_dot_bracket(structure), true)}
-        probs = np.array(fc.bpp())[1:, 1:]
-        probs = probs + probs.T
-        expected_pairs = float(np.triu(probs, 1).sum())
+        if with_pef:
+            probs = np.array(fc.bpp())[1:, 1:]
+            probs = probs + probs.T
+            expected_pairs = float(np.triu(probs, 1).sum())
         best_pef = -1.0
         for g in gammas:
             table = from_dot_bracket(fc.MEA(g)[0])
             row[f"mea{g:g}"] = table_f1(table, true)
+            if not with_pef:
+                continue
             pef = pseudo_expected_f1(table, probs, expected_pairs)
             if pef > best_pef:  # ties: the smaller gamma (never the reference's say)
                 best_pef, row["mea_pef"] = pef, row[f"mea{g:g}"]
@@ -158,7 +163,7 @@ def main(argv=None) -> int:
                 if f"{name}/mea_pef" in per_family.get(family, {}):  # (older files lack it: rerun)
                     continue
                 t0 = time.time()
-                rows = [row for part in pool.map(_fold_chunk, [(name, gammas, c) for c in chunks]) for row in part]
+                rows = [row for part in pool.map(fold_chunk, [(name, gammas, c, True) for c in chunks]) for row in part]
                 means = {f"{name}/{k}": sum(r[k] for r in rows) / len(rows) for k in rows[0]}
                 per_family.setdefault(family, {"n_seqs": len(rows)}).update(means)
                 Path(args.out).write_text(json.dumps(done, indent=1))

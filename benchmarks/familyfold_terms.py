@@ -36,8 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from familyfold_gamma import best_on_others, family_examples, table_f1  # noqa: E402  (sibling benchmarks)
-from familyfold_paramsets import load_energies, ranked_lines, vienna_ensemble  # noqa: E402
+from familyfold_gamma import best_on_others, family_examples  # noqa: E402  (sibling benchmarks)
+from familyfold_paramsets import fold_chunk, ranked_lines  # noqa: E402
 
 ML_TERMS = ("ml_closing", "ml_base", "ml_intern")  # a, b, c
 TURNER = (9.3, 0.0, -0.9)  # kcal/mol
@@ -80,8 +80,8 @@ def changes(name: str) -> list[tuple[str, str, float]]:
     return out
 
 
-def write_candidate(name: str, directory: str) -> str:
-    """Turner 2004 with a candidate's changes as a ViennaRNA ``.par`` file; returns its path."""
+def candidate_params(name: str) -> dict:
+    """Turner 2004 with a candidate's changes (a ``ValueError`` naming an unknown table)."""
     import numpy as np
 
     import foldax.layers as layers
@@ -91,25 +91,16 @@ def write_candidate(name: str, directory: str) -> str:
         if key not in params or key == "special_hairpins":
             raise ValueError(f"candidate {name!r}: no table {key!r} in Turner 2004")
         params[key] = value if op == "=" else np.asarray(params[key]) + value
+    return params
+
+
+def write_candidate(name: str, directory: str) -> str:
+    """:func:`candidate_params` as a ViennaRNA ``.par`` file in ``directory``; returns its path."""
+    import foldax.layers as layers
+
     path = str(Path(directory) / (re.sub(r"[^\w.=+-]", "_", name) + ".par"))
-    layers.save_params(params, path)
+    layers.save_params(candidate_params(name), path)
     return path
-
-
-def _fold_chunk(task):
-    """Per sequence of a chunk, the F1 of the MFE and of MEA at each gamma under one ``.par``."""
-    from foldax.layers.dotbracket import from_dot_bracket
-
-    par, gammas, chunk = task
-    load_energies(par)
-    out = []
-    for sequence, true in chunk:
-        fc, structure, _ = vienna_ensemble(sequence)
-        row = {"mfe": table_f1(from_dot_bracket(structure), true)}
-        for g in gammas:
-            row[f"mea{g:g}"] = table_f1(from_dot_bracket(fc.MEA(g)[0]), true)
-        out.append(row)
-    return out
 
 
 def subset(examples, limit: int, seed: int = 0):
@@ -144,7 +135,7 @@ def score(out: str, candidates, gammas, families, limit: int, pool) -> dict:
                 if name in per_family.get(family, {}):
                     continue
                 t0 = time.time()
-                rows = [r for part in pool.map(_fold_chunk, [(par, gammas, c) for c in chunks]) for r in part]
+                rows = [r for part in pool.map(fold_chunk, [(par, gammas, c, False) for c in chunks]) for r in part]
                 per_family.setdefault(family, {})[name] = {
                     "n_seqs": len(rows), **{k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}}
                 Path(out).write_text(json.dumps(done, indent=1))
@@ -171,9 +162,8 @@ def main(argv=None) -> int:
     candidates = sorted({candidate_name(c) for c in itertools.product(*grid)} | {TURNER_NAME}
                         | {t for t in args.terms.split(",") if t})
     try:  # a bad --terms entry fails here, before any folding
-        with tempfile.TemporaryDirectory() as tmp:
-            for name in candidates:
-                write_candidate(name, tmp)
+        for name in candidates:
+            candidate_params(name)
     except ValueError as err:
         parser.error(str(err))
     gammas = [float(g) for g in args.gammas.split(",")]
