@@ -58,13 +58,15 @@ def fold_chunk(chunk) -> list[dict]:
     RNA.params_load_RNA_Turner2004()
     out = []
     for sequence, true in chunk:
-        row, energy = {}, {}
+        fc, d2_structure, _ = vienna_ensemble(sequence)  # d2, RNA.md()'s default: its MFE is ready
+        row, energy = {"d2": table_f1(from_dot_bracket(d2_structure), true)}, {}
         for name, dangles in MODELS.items():
+            if dangles == 2:
+                continue
             md = RNA.md()
             md.dangles = dangles
             structure, energy[dangles] = RNA.fold_compound(sequence, md).mfe()
             row[name] = table_f1(from_dot_bracket(structure), true)
-        fc, _, _ = vienna_ensemble(sequence)
         row["mea0.5"] = table_f1(from_dot_bracket(fc.MEA(0.5)[0]), true)
         row["coaxial_gain"] = (energy[1] - energy[3]) * 100 / len(sequence)
         out.append(row)
