@@ -12,7 +12,8 @@ single: ``layers.pair_probs`` (one inside and one outside pass: ViennaRNA's pf +
   compile time apart.
 batch: ``pair_probs`` of 64 random 200-nt sequences, the batch sharded over ``--devices``
   XLA CPU devices (one per core), against ViennaRNA in ``--devices`` processes
-  (``multiprocessing``, one sequence at a time).
+  (``multiprocessing``, one sequence at a time). ``--rows-per-call M``: the batch as calls of
+  M rows each (each call sharded likewise), as ``foldax fold`` batches Turner parameters.
 grad: ``jax.value_and_grad`` of ``log_partition`` w.r.t. every table against the forward.
 memory: peak resident memory of one value_and_grad call above the process's memory just
   before it (compiled, warmed up, ``malloc_trim``; fresh interpreter per row), like
@@ -110,23 +111,29 @@ def batch(args):
     seqs = [random_sequence(rng, args.batch_length) for _ in range(args.batch)]
     tokens, lengths = layers.encode_batch(seqs)
     devices = jax.devices()
+    rows = args.rows_per_call or args.batch
+    if args.batch % rows or rows % len(devices):
+        raise SystemExit(f"--rows-per-call {rows} must divide --batch {args.batch} and be a multiple of the "
+                         f"{len(devices)} device(s)")
+    calls = [(tokens[s:s + rows], lengths[s:s + rows]) for s in range(0, args.batch, rows)]
     if len(devices) > 1:
         mesh = jax.make_mesh((len(devices),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
         sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
-        tokens, lengths = jax.device_put(tokens, sharding), jax.device_put(lengths, sharding)
-    pp, c_pp = compiled(lambda p, x, n: layers.pair_probs(p, x, n), params, tokens, lengths)
-    t_pp = timed(lambda: pp(params, tokens, lengths), args.repeats)
+        calls = [jax.device_put(call, sharding) for call in calls]
+    pp, c_pp = compiled(lambda p, x, n: layers.pair_probs(p, x, n), params, *calls[0])
+    t_pp = timed(lambda: [pp(params, *call) for call in calls], args.repeats)
     procs = max(1, len(devices))
     chunks = [seqs[k::procs] for k in range(procs)]
     t = time.perf_counter()
     with multiprocessing.get_context("spawn").Pool(procs) as pool:
         pool.map(_vienna_worker, chunks)
     t_vienna = time.perf_counter() - t
-    print(f"pair_probs, batch {args.batch} x {args.batch_length} nt, {len(devices)} device(s) vs ViennaRNA in "
-          f"{procs} process(es)")
+    print(f"pair_probs, batch {args.batch} x {args.batch_length} nt in calls of {rows}, {len(devices)} device(s) "
+          f"vs ViennaRNA in {procs} process(es)")
     print(f"  foldax {t_pp * 1e3:.0f} ms ({args.batch / t_pp:.1f} seq/s), ViennaRNA {t_vienna * 1e3:.0f} ms "
           f"({args.batch / t_vienna:.1f} seq/s): throughput ratio {t_vienna / t_pp:.2f}x; compile {c_pp:.1f}s")
-    return {"batch": args.batch, "length": args.batch_length, "devices": len(devices), "foldax_s": t_pp,
+    return {"batch": args.batch, "rows_per_call": rows, "length": args.batch_length, "devices": len(devices),
+            "foldax_s": t_pp,
             "vienna_s": t_vienna, "compile_s": c_pp}
 
 
@@ -189,6 +196,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--batch-length", type=int, default=200)
+    ap.add_argument("--rows-per-call", type=int, default=None, help="batch section: calls of this many rows")
     ap.add_argument("--devices", type=int, default=1)
     ap.add_argument("--json", default=None)
     ap.add_argument("--memory-row", type=int, default=None, help=argparse.SUPPRESS)

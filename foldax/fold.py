@@ -57,6 +57,10 @@ STRUCTURED_EXTENSIONS = {".bpseq": "bpseq", ".ct": "ct", ".tsv": "tsv"}
 #: Cells (batch x L x L) one batched call may hold when ``batch_size`` is automatic.
 DEFAULT_MAX_CELLS = 1 << 22
 DEFAULT_MAX_BATCH = 64
+#: The same per device for energy (Turner) parameters: 4 rows at 256 nt, 1 from 363 nt. Larger
+#: batches run slower per sequence, as each diagonal's [B, 31, L] interior-loop windows outgrow
+#: the cache (64 x 200 nt on 2 devices: 1.29x the time of calls of 8; BENCHMARKS.md, "Command line").
+ENERGY_CELLS_PER_DEVICE = 1 << 18
 
 _STRUCTURE_LINE = re.compile(r"^[.()\[\]{}<>]+$")
 _PSEUDOKNOT_LINE = re.compile(r"^[.()\[\]{}<>A-Za-z]+$")
@@ -523,21 +527,28 @@ def _fold_model_of(model, *, workdir, which, step, steps, metrics, best_metric, 
 # --------------------------------------------------------------------------- #
 
 
-def _auto_batch(width: int, max_cells: int) -> int:
-    return max(1, min(DEFAULT_MAX_BATCH, max_cells // max(width * width, 1)))
+def _auto_batch(width: int, max_cells: int, multiple: int = 1) -> int:
+    rows = max_cells // max(width * width, 1)
+    return max(1, min(DEFAULT_MAX_BATCH, max(multiple, rows // multiple * multiple)))
 
 
 def _padded_size(n: int, limit: int) -> int:
     return min(1 << (n - 1).bit_length(), limit) if n < limit else n
 
 
-def batches(records: Sequence[InputRecord], *, batch_size: int | None = None, max_cells: int = DEFAULT_MAX_CELLS
-            ) -> list[tuple[list[int], int]]:
+def batches(records: Sequence[InputRecord], *, batch_size: int | None = None, max_cells: int = DEFAULT_MAX_CELLS,
+            multiple: int = 1) -> list[tuple[list[int], int]]:
     """How :func:`fold_records` groups ``records``: ``(indices, padded batch size)`` per batched call.
 
     Records are grouped by length bucket (:func:`foldax.layers.bucket_length`), each group cut into
-    calls of at most ``batch_size`` (default: as many as fit ``max_cells`` = B x L x L, at most
-    64), and a short call is padded up to a power of two, so that few programs exist per bucket.
+    calls of at most ``batch_size`` (default: as many as fit ``max_cells`` = B x L x L, rounded
+    down to a multiple of ``multiple`` (the devices a call is split over) but at least that, at
+    most 64), and a short call is padded up to a power of two, so that few programs exist per bucket.
+
+    Example:
+      >>> records = [InputRecord(f"s{k}", "ACGU" * 50) for k in range(10)]   # 200 nt: the 256 bucket
+      >>> [size for _, size in batches(records, max_cells=ENERGY_CELLS_PER_DEVICE * 2, multiple=2)]
+      [8, 2]
     """
     groups: dict[int, list[int]] = defaultdict(list)
     for k, r in enumerate(records):
@@ -545,7 +556,7 @@ def batches(records: Sequence[InputRecord], *, batch_size: int | None = None, ma
     out = []
     for width in sorted(groups):
         members = groups[width]
-        limit = batch_size or _auto_batch(width, max_cells)
+        limit = batch_size or _auto_batch(width, max_cells, multiple)
         for start in range(0, len(members), limit):
             chunk = members[start:start + limit]
             out.append((chunk, _padded_size(len(chunk), limit)))
@@ -554,7 +565,7 @@ def batches(records: Sequence[InputRecord], *, batch_size: int | None = None, ma
 
 def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, gamma: float | None = None,
                  partition: bool = False, probs: bool = False, min_hairpin: int | None = None,
-                 batch_size: int | None = None, max_cells: int = DEFAULT_MAX_CELLS, programs=None,
+                 batch_size: int | None = None, max_cells: int | None = None, programs=None,
                  progress=None) -> list[FoldResult]:
     """Folds ``records`` in length buckets (:func:`batches`); results in input order.
 
@@ -563,7 +574,9 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
     (:func:`foldax.layers.mea_structure` with ``gamma``, default the model's ``mea_gamma``) instead
     of the best-scoring one. ``partition``: also log Z (and, for an energy model, RNAfold's centroid structure).
     ``probs``: also keep each record's ``[n, n]`` pair probabilities. ``min_hairpin``:
-    default the model's. ``batch_size``: at most this many sequences per batched call.
+    default the model's. ``batch_size``: at most this many sequences per batched call (default: by
+    length, ``max_cells`` cells; that default is :data:`DEFAULT_MAX_CELLS`, or for energy parameters
+    :data:`ENERGY_CELLS_PER_DEVICE` per local device, each call a multiple of the device count).
     ``programs``: a :class:`foldax.programs.FoldPrograms` (default: a new one, in memory);
     each batch is one call of its compiled program. ``progress(n)``: called with the
     number of records of each batch once it is folded.
@@ -579,7 +592,13 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
                       centroid=model.energy_kT is not None and partition, energy=layers.is_energy_params(params),
                       min_hairpin=model.min_hairpin if min_hairpin is None else min_hairpin)
     results: list[FoldResult | None] = [None] * len(records)
-    for chunk, size in batches(records, batch_size=batch_size, max_cells=max_cells):
+    multiple = 1
+    if max_cells is None and request.energy:
+        multiple = jax.local_device_count()
+        max_cells = ENERGY_CELLS_PER_DEVICE * multiple
+    elif max_cells is None:
+        max_cells = DEFAULT_MAX_CELLS
+    for chunk, size in batches(records, batch_size=batch_size, max_cells=max_cells, multiple=multiple):
         seqs = [records[k].sequence for k in chunk]
         seqs += [seqs[0]] * (size - len(chunk))
         tokens, lengths = layers.encode_batch(seqs)

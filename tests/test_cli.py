@@ -718,6 +718,32 @@ def test_a_single_sequence_compiles_as_one_chunk_with_the_same_results(monkeypat
     assert seen == [None, 1, 2]  # a caller's explicit count stands
 
 
+def test_energy_parameters_fold_in_small_batches_split_evenly_over_the_devices(monkeypatch):
+    """Turner parameters are folded about 2^18 cells per device a call (smaller batches run faster per
+    sequence: BENCHMARKS.md), each call a multiple of the device count; other parameters keep 2^22."""
+    from foldax import fold
+
+    records = [fold.InputRecord(f"a{k}", "ACGU" * 50) for k in range(10)]     # 200 nt: bucket 256
+    records += [fold.InputRecord(f"b{k}", "ACGU" * 110) for k in range(3)]    # 440 nt: bucket 512
+    cells = fold.ENERGY_CELLS_PER_DEVICE
+    sizes = [(len(chunk), size) for chunk, size in fold.batches(records, max_cells=2 * cells, multiple=2)]
+    assert sizes == [(8, 8), (2, 2), (2, 2), (1, 1)]
+    assert [size for _, size in fold.batches(records, max_cells=cells)] == [4, 4, 2, 1, 1, 1]
+    assert [size for _, size in fold.batches(records)] == [16, 4]  # the stacking grammar's default
+    covered = sorted(k for chunk, _ in fold.batches(records, max_cells=2 * cells, multiple=2) for k in chunk)
+    assert covered == list(range(len(records)))
+
+    calls = []
+    real = fold.batches
+    monkeypatch.setattr(fold, "batches", lambda recs, **kw: calls.append(kw) or real(recs, **kw))
+    short = [fold.InputRecord("hp", "GGGGAAACCCC")]
+    fold.fold_records(layers.turner2004(), short)
+    fold.fold_records(layers.default_params(), short)
+    devices = jax.local_device_count()
+    assert calls[0]["max_cells"] == cells * devices and calls[0]["multiple"] == devices
+    assert calls[1]["max_cells"] == fold.DEFAULT_MAX_CELLS and calls[1]["multiple"] == 1
+
+
 def test_progress_bar_on_a_terminal_only(capsys, monkeypatch, fasta):
     rc, _, err = run(capsys, ["fold", "-i", fasta])
     assert rc == 0 and "foldax fold:" in err and "seq/s" not in err and "it/s" not in err  # a pipe: no bar
