@@ -133,8 +133,7 @@ def batch(args):
     print(f"  foldax {t_pp * 1e3:.0f} ms ({args.batch / t_pp:.1f} seq/s), ViennaRNA {t_vienna * 1e3:.0f} ms "
           f"({args.batch / t_vienna:.1f} seq/s): throughput ratio {t_vienna / t_pp:.2f}x; compile {c_pp:.1f}s")
     return {"batch": args.batch, "rows_per_call": rows, "length": args.batch_length, "devices": len(devices),
-            "foldax_s": t_pp,
-            "vienna_s": t_vienna, "compile_s": c_pp}
+            "foldax_s": t_pp, "vienna_s": t_vienna, "compile_s": c_pp}
 
 
 def grad(args):

@@ -59,7 +59,7 @@ DEFAULT_MAX_CELLS = 1 << 22
 DEFAULT_MAX_BATCH = 64
 #: The same per device for energy (Turner) parameters: 4 rows at 256 nt, 1 from 363 nt. Larger
 #: batches run slower per sequence, as each diagonal's [B, 31, L] interior-loop windows outgrow
-#: the cache (64 x 200 nt on 2 devices: 1.29x the time of calls of 8; BENCHMARKS.md, "Command line").
+#: the cache (64 x 200 nt on 2 devices: 1.3-1.5x the time of calls of 8; BENCHMARKS.md, "Command line").
 ENERGY_CELLS_PER_DEVICE = 1 << 18
 
 _STRUCTURE_LINE = re.compile(r"^[.()\[\]{}<>]+$")
