@@ -592,12 +592,9 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
                       centroid=model.energy_kT is not None and partition, energy=layers.is_energy_params(params),
                       min_hairpin=model.min_hairpin if min_hairpin is None else min_hairpin)
     results: list[FoldResult | None] = [None] * len(records)
-    multiple = 1
-    if max_cells is None and request.energy:
-        multiple = jax.local_device_count()
-        max_cells = ENERGY_CELLS_PER_DEVICE * multiple
-    elif max_cells is None:
-        max_cells = DEFAULT_MAX_CELLS
+    multiple = jax.local_device_count() if request.energy else 1
+    if max_cells is None:
+        max_cells = ENERGY_CELLS_PER_DEVICE * multiple if request.energy else DEFAULT_MAX_CELLS
     for chunk, size in batches(records, batch_size=batch_size, max_cells=max_cells, multiple=multiple):
         seqs = [records[k].sequence for k in chunk]
         seqs += [seqs[0]] * (size - len(chunk))
