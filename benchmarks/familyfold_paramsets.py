@@ -71,16 +71,28 @@ def load_energies(name_or_par: str) -> None:
         RNA.params_load(name_or_par)
 
 
-def vienna_ensemble(sequence: str):
+def model_options(text: str) -> dict[str, int]:
+    """``"noLP=1,dangles=0"`` -> ``{"noLP": 1, "dangles": 0}``: ``RNA.md`` settings (integers).
+
+      >>> model_options("noLP=1,dangles=0"), model_options("")
+      ({'noLP': 1, 'dangles': 0}, {})
+    """
+    return {k.strip(): int(v) for k, v in (item.split("=") for item in text.split(",") if item.strip())}
+
+
+def vienna_ensemble(sequence: str, options: dict[str, int] | None = None):
     """``(fold_compound, MFE structure, log Z)`` of ``sequence`` under the loaded energies, its
     partition function computed (``pf_smooth = 0`` as foldax and its tests; Boltzmann factors rescaled
-    from the MFE so that long sequences do not overflow): ``fc.bpp()`` and ``fc.MEA`` are ready."""
+    from the MFE so that long sequences do not overflow): ``fc.bpp()`` and ``fc.MEA`` are ready.
+    ``options`` are further ``RNA.md`` settings (e.g. ``noLP``: no lonely pairs)."""
     import RNA
 
     from foldax.layers import KT
 
     md = RNA.md()
     md.pf_smooth = 0
+    for key, value in (options or {}).items():
+        setattr(md, key, value)
     fc = RNA.fold_compound(sequence, md)
     structure, mfe = fc.mfe()
     fc.exp_params_rescale(mfe)
@@ -100,7 +112,8 @@ def ranked_lines(options, family_f1, families, label=str) -> list[str]:
 
 def fold_chunk(task):
     """F1 of every decoder for a chunk of ``(sequence, reference pair table)`` under one parameter set
-    (a name of :data:`SETS` or a ``.par`` path): ``task = (set, gammas, chunk, with_pef)``.
+    (a name of :data:`SETS` or a ``.par`` path) and ``RNA.md`` options:
+    ``task = (set, options, gammas, chunk, with_pef)``.
 
     ``mea_pef`` (with ``with_pef``): per sequence, the MEA structure of the gamma (of ``gammas``) whose
     pseudo-expected F1 is the highest -- a decoder that chooses its own gamma from the ensemble, with
@@ -109,11 +122,11 @@ def fold_chunk(task):
 
     from foldax.layers.dotbracket import from_dot_bracket
 
-    name, gammas, chunk, with_pef = task
+    name, options, gammas, chunk, with_pef = task
     load_energies(name)
     out = []
     for sequence, true in chunk:
-        fc, structure, _ = vienna_ensemble(sequence)
+        fc, structure, _ = vienna_ensemble(sequence, options)
         row = {"mfe": table_f1(from_dot_bracket(structure), true)}
         if with_pef:
             probs = np.array(fc.bpp())[1:, 1:]
@@ -140,7 +153,11 @@ def main(argv=None) -> int:
     parser.add_argument("--gammas", default=",".join(map(str, GAMMAS)))
     parser.add_argument("--families", default="5s,srp,tRNA,tmRNA,RNaseP,grp1,16s,telomerase,23s")
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--model-options", default="",
+                        help="RNA.md settings for every set, e.g. noLP=1 or dangles=0,noLP=1; its keys "
+                             "are named set[options], so that runs with other options share one --out")
     args = parser.parse_args(argv)
+    options = model_options(args.model_options)
     sets = [s for s in args.sets.split(",") if s]
     gammas = [float(g) for g in args.gammas.split(",")]
     families = [f for f in args.families.split(",") if f]
@@ -160,14 +177,16 @@ def main(argv=None) -> int:
             items.sort(key=lambda item: -len(item[0]))
             chunks = [items[k:k + 8] for k in range(0, len(items), 8)]
             for name in sets:
-                if f"{name}/mea_pef" in per_family.get(family, {}):  # (older files lack it: rerun)
+                key = f"{name}[{args.model_options}]" if options else name
+                if f"{key}/mea_pef" in per_family.get(family, {}):  # (older files lack it: rerun)
                     continue
                 t0 = time.time()
-                rows = [row for part in pool.map(fold_chunk, [(name, gammas, c, True) for c in chunks]) for row in part]
-                means = {f"{name}/{k}": sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+                tasks = [(name, options, gammas, c, True) for c in chunks]
+                rows = [row for part in pool.map(fold_chunk, tasks) for row in part]
+                means = {f"{key}/{k}": sum(r[k] for r in rows) / len(rows) for k in rows[0]}
                 per_family.setdefault(family, {"n_seqs": len(rows)}).update(means)
                 Path(args.out).write_text(json.dumps(done, indent=1))
-                print(f"# {family} {name}: {len(rows)} sequences, {time.time() - t0:.0f} s: "
+                print(f"# {family} {key}: {len(rows)} sequences, {time.time() - t0:.0f} s: "
                       + ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in means.items()), flush=True)
 
     scores = {f: {k: v for k, v in per_family[f].items() if k != "n_seqs"} for f in families}
@@ -178,8 +197,8 @@ def main(argv=None) -> int:
         key = best_on_others(scores[family], lambda f, k: scores[f][k], families, family)
         row = scores[family]
         chosen_f1.append(row[key])
-        t_mea.append(row["turner2004/mea0.5"])
-        t_mfe.append(row["turner2004/mfe"])
+        t_mea.append(row.get("turner2004/mea0.5", float("nan")))  # (from a run without --model-options)
+        t_mfe.append(row.get("turner2004/mfe", float("nan")))
         lines.append(f"| {family} | {per_family[family]['n_seqs']} | {key} | {row[key]:.3f} | "
                      f"{t_mea[-1]:.3f} | {t_mfe[-1]:.3f} |")
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731

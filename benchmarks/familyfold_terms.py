@@ -135,7 +135,7 @@ def score(out: str, candidates, gammas, families, limit: int, pool) -> dict:
                 if name in per_family.get(family, {}):
                     continue
                 t0 = time.time()
-                rows = [r for part in pool.map(fold_chunk, [(par, gammas, c, False) for c in chunks]) for r in part]
+                rows = [r for part in pool.map(fold_chunk, [(par, {}, gammas, c, False) for c in chunks]) for r in part]
                 per_family.setdefault(family, {})[name] = {
                     "n_seqs": len(rows), **{k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}}
                 Path(out).write_text(json.dumps(done, indent=1))

@@ -1,13 +1,14 @@
 """Where the Turner grammar's time goes: each part of the recursion replaced in turn by a stand-in.
 
-``--part`` runs `pair_probs` (float32, random ACGU) with one part of the diagonal step replaced by a
-stand-in of the same shape that does no work, so that the difference to ``whole`` is that part's
-cost. The stand-ins give wrong values: the numbers are timings only. One part per process (the
+``--part`` runs `pair_probs` (or ``--function best_structure``; float32, random ACGU) with one part
+of the diagonal step replaced by a stand-in of the same shape that does no work, so that the
+difference to ``whole`` is that part's cost. The stand-ins give wrong values: the numbers are timings only. One part per process (the
 patch is global)::
 
     for part in whole interior qmm both; do
         taskset -c 0 .venv/bin/python benchmarks/turner_profile.py --part $part --length 500 --batch 1
     done
+    taskset -c 0 .venv/bin/python benchmarks/turner_profile.py --part whole --function best_structure
     taskset -c 0 .venv/bin/python benchmarks/turner_profile.py --elementwise
     taskset -c 0 .venv/bin/python benchmarks/turner_profile.py --compile-phases --length 200 [--chunks 1]
 
@@ -68,7 +69,7 @@ def _best_of(fn, repeats):
     return min(times)
 
 
-def part_timing(part: str, length: int, batch: int, repeats: int) -> None:
+def part_timing(part: str, length: int, batch: int, repeats: int, function: str = "pair_probs") -> None:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -78,15 +79,17 @@ def part_timing(part: str, length: int, batch: int, repeats: int) -> None:
     _stand_ins(part)
     params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), layers.turner2004())
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 4, (batch, length)), jnp.int32)
-    forward = jax.jit(lambda p, t: layers.log_partition(p, t))
+    # best_structure: the max semiring's outside pass, beside its forward pass (max_score).
+    forward_name = "log_partition" if function == "pair_probs" else "max_score"
+    outside, forward = getattr(layers, function), jax.jit(getattr(layers, forward_name))
     t = time.perf_counter()
-    layers.pair_probs(params, tokens).block_until_ready()
+    outside(params, tokens).block_until_ready()
     first = time.perf_counter() - t
     forward(params, tokens).block_until_ready()
-    pp = _best_of(lambda: layers.pair_probs(params, tokens).block_until_ready(), repeats)
+    pp = _best_of(lambda: outside(params, tokens).block_until_ready(), repeats)
     fw = _best_of(lambda: forward(params, tokens).block_until_ready(), repeats)
-    print(f"{part:9s} n={length} batch={batch}: pair_probs {pp * 1e3:8.1f} ms ({pp * 1e3 / batch:.1f} ms/seq), "
-          f"log_partition {fw * 1e3:7.1f} ms, first call {first:.0f} s", flush=True)
+    print(f"{part:9s} n={length} batch={batch}: {function} {pp * 1e3:8.1f} ms ({pp * 1e3 / batch:.1f} ms/seq), "
+          f"{forward_name} {fw * 1e3:7.1f} ms, first call {first:.0f} s", flush=True)
 
 
 def elementwise(repeats: int) -> None:
@@ -135,6 +138,8 @@ def main(argv=None) -> int:
     ap.add_argument("--length", type=int, default=500)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--function", choices=["pair_probs", "best_structure"], default="pair_probs",
+                    help="what --part times (best_structure: the max semiring's outside pass)")
     ap.add_argument("--elementwise", action="store_true", help="the elementwise speeds instead")
     ap.add_argument("--compile-phases", action="store_true",
                     help="trace, lower and compile times of pair_probs instead (--chunks: 0 = automatic)")
@@ -145,7 +150,7 @@ def main(argv=None) -> int:
     elif args.compile_phases:
         compile_phases(args.length, args.batch, args.chunks or None)
     else:
-        part_timing(args.part, args.length, args.batch, args.repeats)
+        part_timing(args.part, args.length, args.batch, args.repeats, args.function)
     return 0
 
 

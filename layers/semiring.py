@@ -152,12 +152,21 @@ class LogSemiring:
 
 # ------------------------------------------------------------------------ max
 
+def _positions(x, axis):
+    """``0, 1, ...`` along ``axis`` (broadcastable against ``x``), as floats of ``x``'s kind (at
+    least float32: exact far beyond any chart's size). Integer positions beside float terms cost
+    the max semiring's outside pass ~15% more on CPU (measured at 500 nt)."""
+    dtype = jnp.promote_types(x.dtype, jnp.float32)
+    return jnp.arange(x.shape[axis], dtype=dtype).reshape((-1,) + (1,) * (x.ndim - 1 - axis))
+
+
 def _first_argmax_mask(x, total, axis):
     """One-hot of the first term equal to ``total`` along ``axis`` (ties: the first)."""
-    positions = jnp.arange(x.shape[axis]).reshape((-1,) + (1,) * (x.ndim - 1 - axis))
+    positions = _positions(x, axis)
     # A min-reduction over the tied positions (XLA's argmax is a much slower variadic reduce).
-    tied = jnp.where(x == jnp.expand_dims(total, axis), positions, x.shape[axis])
-    first = jnp.min(tied, axis=axis, keepdims=True)
+    tied = jnp.where(x == jnp.expand_dims(total, axis), positions, jnp.inf)
+    # Materialised: fused into the mask's consumers, the outside pass ran ~15% slower (measured).
+    first = jax.lax.optimization_barrier(jnp.min(tied, axis=axis, keepdims=True))
     return positions == first
 
 
@@ -221,9 +230,9 @@ def _sampled_mask(x, total, u, axis):
     w = _shares(x, total, axis)
     cdf = jnp.cumsum(w, axis=axis)
     mass = jnp.take(cdf, jnp.array([-1]), axis=axis)
-    k = jnp.sum(cdf <= jnp.expand_dims(u, axis) * mass, axis=axis, keepdims=True)
+    positions = _positions(x, axis)
+    k = jnp.sum(cdf <= jnp.expand_dims(u, axis) * mass, axis=axis, keepdims=True, dtype=positions.dtype)
     # Rounding can put u * mass at the very end: never pick a zero-share tail entry.
-    positions = jnp.arange(x.shape[axis]).reshape((-1,) + (1,) * (x.ndim - 1 - axis))
     last = jnp.max(jnp.where(w > 0, positions, 0), axis=axis, keepdims=True)
     return positions == jnp.minimum(k, last)
 
