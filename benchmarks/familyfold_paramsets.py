@@ -77,7 +77,11 @@ def model_options(text: str) -> dict[str, int]:
       >>> model_options("noLP=1,dangles=0"), model_options("")
       ({'noLP': 1, 'dangles': 0}, {})
     """
-    return {k.strip(): int(v) for k, v in (item.split("=") for item in text.split(",") if item.strip())}
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    bad = [item for item in items if item.count("=") != 1 or not item.split("=")[1].strip().lstrip("-").isdigit()]
+    if bad:
+        raise ValueError(f"model options {bad}: expected key=integer items, e.g. noLP=1,dangles=0")
+    return {k.strip(): int(v) for k, v in (item.split("=") for item in items)}
 
 
 def vienna_ensemble(sequence: str, options: dict[str, int] | None = None):
@@ -157,7 +161,10 @@ def main(argv=None) -> int:
                         help="RNA.md settings for every set, e.g. noLP=1 or dangles=0,noLP=1; its keys "
                              "are named set[options], so that runs with other options share one --out")
     args = parser.parse_args(argv)
-    options = model_options(args.model_options)
+    try:
+        options = model_options(args.model_options)
+    except ValueError as err:
+        parser.error(str(err))
     sets = [s for s in args.sets.split(",") if s]
     gammas = [float(g) for g in args.gammas.split(",")]
     families = [f for f in args.families.split(",") if f]

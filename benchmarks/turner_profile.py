@@ -2,8 +2,8 @@
 
 ``--part`` runs `pair_probs` (or ``--function best_structure``; float32, random ACGU) with one part
 of the diagonal step replaced by a stand-in of the same shape that does no work, so that the
-difference to ``whole`` is that part's cost. The stand-ins give wrong values: the numbers are timings only. One part per process (the
-patch is global)::
+difference to ``whole`` is that part's cost. The stand-ins give wrong values: the numbers are
+timings only. One part per process (the patch is global)::
 
     for part in whole interior qmm both; do
         taskset -c 0 .venv/bin/python benchmarks/turner_profile.py --part $part --length 500 --batch 1
