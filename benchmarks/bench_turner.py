@@ -1,6 +1,7 @@
 """Turner 2004 grammar: foldax against ViennaRNA, side by side in one run (float32).
 
     taskset -c 0 python benchmarks/bench_turner.py --section single        # pf + bpp, one core
+    taskset -c 0 python benchmarks/bench_turner.py --section single --no-lonely-pairs  # RNAfold --noLP
     python benchmarks/bench_turner.py --section batch --devices 2          # 64 x 200 nt, both cores
     taskset -c 0 python benchmarks/bench_turner.py --section grad          # value_and_grad vs forward
     python benchmarks/bench_turner.py --section memory                     # peak memory, subprocesses
@@ -9,7 +10,9 @@ single: ``layers.pair_probs`` (one inside and one outside pass: ViennaRNA's pf +
   one random sequence, against ViennaRNA's ``fc.pf()`` with base-pair probabilities
   (``md.compute_bpp = 1``, ``md.pf_smooth = 0``, after ``exp_params_rescale(mfe)``; the MFE
   pass is not timed), and the forward ``log_partition`` alone. Medians after a warm-up;
-  compile time apart.
+  compile time apart. ``--no-lonely-pairs``: both sides without lonely pairs (foldax's
+  ``no_lonely_pairs=True``, ViennaRNA's ``md.noLP = 1``), and foldax's default grammar timed
+  beside it (the column ``noLP/dflt``).
 batch: ``pair_probs`` of 64 random 200-nt sequences, the batch sharded over ``--devices``
   XLA CPU devices (one per core), against ViennaRNA in ``--devices`` processes
   (``multiprocessing``, one sequence at a time). ``--rows-per-call M``: the batch as calls of
@@ -64,11 +67,12 @@ def compiled(fn, *args):
     return program, time.perf_counter() - t
 
 
-def vienna_pf_bpp(sequence):
+def vienna_pf_bpp(sequence, no_lp=False):
     """Seconds of ViennaRNA's pf with base-pair probabilities (MFE for the scale not timed)."""
     import RNA
 
     md = RNA.md()
+    md.noLP = int(no_lp)
     md.pf_smooth = 0
     md.compute_bpp = 1
     fc = RNA.fold_compound(sequence, md)
@@ -83,21 +87,29 @@ def vienna_pf_bpp(sequence):
 def single(args):
     rng = np.random.default_rng(0)
     params = layers.turner2004()
-    print("pf + bpp of one sequence, float32 (ViennaRNA: fc.pf() with bpp)")
-    print(f"{'n':>6} {'ViennaRNA':>11} {'foldax pp':>11} {'fx/VRNA':>8} {'fx fwd':>10} {'compile pp|fwd':>16}")
+    no_lp = args.no_lonely_pairs
+    print(f"pf + bpp of one sequence, float32 (ViennaRNA: fc.pf() with bpp){', no lonely pairs' if no_lp else ''}")
+    print(f"{'n':>6} {'ViennaRNA':>11} {'foldax pp':>11} {'fx/VRNA':>8} {'fx fwd':>10} {'compile pp|fwd':>16}"
+          + (f" {'noLP/dflt':>10}" if no_lp else ""))
     rows = []
     for n in args.sizes:
         seq = random_sequence(rng, n)
         x = layers.encode(seq)
-        vienna = statistics.median(vienna_pf_bpp(seq) for _ in range(max(1, args.repeats // 2)))
-        pp, c_pp = compiled(lambda p, x: layers.pair_probs(p, x), params, x)
-        fwd, c_fwd = compiled(lambda p, x: layers.log_partition(p, x), params, x)
+        vienna = statistics.median(vienna_pf_bpp(seq, no_lp) for _ in range(max(1, args.repeats // 2)))
+        pp, c_pp = compiled(lambda p, x: layers.pair_probs(p, x, no_lonely_pairs=no_lp), params, x)
+        fwd, c_fwd = compiled(lambda p, x: layers.log_partition(p, x, no_lonely_pairs=no_lp), params, x)
         t_pp = timed(lambda: pp(params, x), args.repeats)
         t_fwd = timed(lambda: fwd(params, x), args.repeats)
-        rows.append({"n": n, "vienna_s": vienna, "pp_s": t_pp, "fwd_s": t_fwd, "compile_pp_s": c_pp,
-                     "compile_fwd_s": c_fwd})
-        print(f"{n:>6} {vienna * 1e3:>9.1f}ms {t_pp * 1e3:>9.1f}ms {t_pp / vienna:>8.2f} {t_fwd * 1e3:>8.1f}ms "
-              f"{c_pp:>7.1f}s|{c_fwd:.1f}s", flush=True)
+        row = {"n": n, "vienna_s": vienna, "pp_s": t_pp, "fwd_s": t_fwd, "compile_pp_s": c_pp,
+               "compile_fwd_s": c_fwd}
+        line = (f"{n:>6} {vienna * 1e3:>9.1f}ms {t_pp * 1e3:>9.1f}ms {t_pp / vienna:>8.2f} {t_fwd * 1e3:>8.1f}ms "
+                f"{c_pp:>7.1f}s|{c_fwd:.1f}s")
+        if no_lp:
+            default, _ = compiled(lambda p, x: layers.pair_probs(p, x), params, x)
+            row["pp_default_s"] = timed(lambda: default(params, x), args.repeats)
+            line += f" {t_pp / row['pp_default_s']:>10.2f}"
+        rows.append(row)
+        print(line, flush=True)
     return rows
 
 
@@ -197,6 +209,7 @@ def main():
     ap.add_argument("--batch-length", type=int, default=200)
     ap.add_argument("--rows-per-call", type=int, default=None, help="batch section: calls of this many rows")
     ap.add_argument("--devices", type=int, default=1)
+    ap.add_argument("--no-lonely-pairs", action="store_true", help="single section: RNAfold's --noLP on both sides")
     ap.add_argument("--json", default=None)
     ap.add_argument("--memory-row", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()

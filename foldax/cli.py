@@ -161,6 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also compute log Z and base-pair probabilities (ensemble line; _bpp.txt with -o)")
     fold.add_argument("--min-hairpin", type=_nonneg_int, default=None, metavar="N",
                       help="a pair (i, j) needs j - i > N (default: the model's, 3)")
+    fold.add_argument("--noLP", dest="no_lonely_pairs", action="store_true",
+                      help="no lonely pairs (helices of one pair), as RNAfold --noLP; energy parameters only. "
+                           "The MFE structure is RNAfold's; with -p the ensemble is exactly the structures "
+                           "without lonely pairs (RNAfold's -p only drops pairs that cannot stack at all, so "
+                           "its ensemble free energy is slightly lower). --mea and the centroid decode the "
+                           "pair probabilities and may hold lonely pairs")
     fold.add_argument("--format", choices=("dbn", "bpseq", "ct"), default="dbn", help="output format (default dbn)")
     fold.add_argument("-o", "--prefix", metavar="PREFIX",
                       help="also write one file per record: PREFIX<id>.<format> (PREFIX may be a directory 'dir/')")
@@ -343,6 +349,10 @@ def run_fold(args, *, own_process: bool = False) -> int:
         return 1
     for note in model.notes:
         _err(note)
+    if args.no_lonely_pairs and model.energy_kT is None:
+        _err("error: --noLP needs energy parameters (e.g. --params turner2004); the stacking grammar has no "
+             "such option")
+        return 2
 
     stems = F.output_names(r.id for r in records)
     want_probs = args.partition or args.plot
@@ -354,7 +364,8 @@ def run_fold(args, *, own_process: bool = False) -> int:
         for start in range(0, len(records), block_size):
             block = records[start:start + block_size]
             results = F.fold_records(model, block, mea=args.mea, gamma=gamma, partition=args.partition,
-                                     probs=want_probs, min_hairpin=args.min_hairpin, batch_size=args.batch_size,
+                                     probs=want_probs, min_hairpin=args.min_hairpin,
+                                     no_lonely_pairs=args.no_lonely_pairs, batch_size=args.batch_size,
                                      programs=programs, progress=bar.update)
             bar.clear()  # the bar and the printed results share the terminal
             plotted += _write_results(args, results, stems[start:start + block_size], decoder,

@@ -82,13 +82,15 @@ class InputRecord:
     """One sequence to fold.
 
     ``reference`` is a pair table (or None); ``source`` is ``file:line`` of the record's
-    first line (or ``argument k`` / ``<stdin>:line``).
+    first line (or ``argument k`` / ``<stdin>:line``); ``description`` is the rest of a
+    FASTA header after the id, echoed in the dbn output as RNAfold does.
     """
 
     id: str
     sequence: str
     reference: np.ndarray | None = None
     source: str = ""
+    description: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,8 +193,9 @@ class FoldResult:
 class _Pending:
     """A record being assembled from text lines."""
 
-    def __init__(self, rid, start, where_name, header):
+    def __init__(self, rid, start, where_name, header, description=""):
         self.id, self.start, self.name, self.header = rid, start, where_name, header
+        self.description = description
         self.chunks: list[tuple[int, str]] = []  # (line, text)
         self.structure: tuple[int, str] | None = None
 
@@ -249,7 +252,7 @@ def _finish(p: _Pending, auto_id) -> InputRecord:
             message = re.sub(r"at position (\d+)", lambda m: f"at position {int(m.group(1)) + 1} (1-based)",
                              str(err))
             raise InputError(f"bad structure: {message}", where=f"{p.name}:{line}", record=rid) from None
-    return InputRecord(rid, seq, reference, p.where)
+    return InputRecord(rid, seq, reference, p.where, p.description)
 
 
 def _is_structure(word: str, current: _Pending) -> bool:
@@ -285,8 +288,9 @@ def parse_text(text: str, name: str, auto_id) -> list[InputRecord | InputError]:
             continue
         if stripped.startswith(">"):
             flush()
-            words = stripped[1:].split()
-            current = _Pending(words[0] if words else None, line, name, header=True)
+            words = stripped[1:].split(None, 1)
+            current = _Pending(words[0] if words else None, line, name, header=True,
+                               description=words[1].strip() if len(words) > 1 else "")
             continue
         first, *rest = stripped.split(None, 1)
         if current is not None and current.chunks and current.structure is None and _is_structure(first, current):
@@ -565,8 +569,8 @@ def batches(records: Sequence[InputRecord], *, batch_size: int | None = None, ma
 
 def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, gamma: float | None = None,
                  partition: bool = False, probs: bool = False, min_hairpin: int | None = None,
-                 batch_size: int | None = None, max_cells: int | None = None, programs=None,
-                 progress=None) -> list[FoldResult]:
+                 no_lonely_pairs: bool = False, batch_size: int | None = None, max_cells: int | None = None,
+                 programs=None, progress=None) -> list[FoldResult]:
     """Folds ``records`` in length buckets (:func:`batches`); results in input order.
 
     ``model``: a :class:`FoldModel` (its ``phi_fn``, if any, scores every batch), or
@@ -574,7 +578,8 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
     (:func:`foldax.layers.mea_structure` with ``gamma``, default the model's ``mea_gamma``) instead
     of the best-scoring one. ``partition``: also log Z (and, for an energy model, RNAfold's centroid structure).
     ``probs``: also keep each record's ``[n, n]`` pair probabilities. ``min_hairpin``:
-    default the model's. ``batch_size``: at most this many sequences per batched call (default: by
+    default the model's. ``no_lonely_pairs``: RNAfold's ``--noLP`` (energy parameters only; see
+    :func:`foldax.layers.log_partition`). ``batch_size``: at most this many sequences per batched call (default: by
     length, ``max_cells`` cells; that default is :data:`DEFAULT_MAX_CELLS`, or for energy parameters
     :data:`ENERGY_CELLS_PER_DEVICE` per local device, each call a multiple of the device count).
     ``programs``: a :class:`foldax.programs.FoldPrograms` (default: a new one, in memory);
@@ -588,9 +593,13 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
     programs = FoldPrograms(None) if programs is None else programs
     gamma = model.mea_gamma if gamma is None else gamma
     params = jax.tree.map(np.asarray, layers.check_params(model.params))
+    if no_lonely_pairs and not layers.is_energy_params(params):
+        raise ValueError("--noLP (no_lonely_pairs) needs energy parameters (e.g. --params turner2004); "
+                         "the stacking grammar has no such option")
     request = Request(decoder="mea" if mea else "mfe", partition=partition, probs=probs,
                       centroid=model.energy_kT is not None and partition, energy=layers.is_energy_params(params),
-                      min_hairpin=model.min_hairpin if min_hairpin is None else min_hairpin)
+                      min_hairpin=model.min_hairpin if min_hairpin is None else min_hairpin,
+                      no_lonely_pairs=bool(no_lonely_pairs))
     results: list[FoldResult | None] = [None] * len(records)
     multiple = jax.local_device_count() if request.energy else 1
     if max_cells is None:
@@ -729,9 +738,9 @@ def _ensemble_lines(result: FoldResult) -> list[str]:
 def format_result(result: FoldResult, fmt: str = "dbn", *, comments: bool = False) -> str:
     """The text printed (and written) for one result in ``fmt`` (``dbn``, ``bpseq`` or ``ct``).
 
-    dbn: ``>id``, the sequence, ``structure (value)`` -- the structure's score, or its
-    free energy in kcal/mol for an energy model (RNAfold) -- and, when log Z is
-    known, the ensemble line ``pseudo-brackets [log Z = ...]`` (``[-kT log Z]`` for an
+    dbn: ``>id`` and the rest of its FASTA header, the sequence, ``structure (value)`` --
+    the structure's score, or its free energy in kcal/mol for an energy model (RNAfold) --
+    and, when log Z is known, the ensemble line ``pseudo-brackets [log Z = ...]`` (``[-kT log Z]`` for an
     energy model, as RNAfold), for an energy model RNAfold's centroid line
     ``structure { E d=D}``, and a line with the structure's probability in the
     ensemble and the ensemble diversity -- for an energy model's minimum free energy
@@ -748,7 +757,8 @@ def format_result(result: FoldResult, fmt: str = "dbn", *, comments: bool = Fals
     value = result.energy if result.is_energy else result.score
     if fmt == "dbn":
         rec = result.record
-        text = f">{rec.id}\n{rec.sequence}\n{to_dot_bracket(result.structure)} ({value:6.2f})\n"
+        title = f"{rec.id} {rec.description}" if rec.description else rec.id
+        text = f">{title}\n{rec.sequence}\n{to_dot_bracket(result.structure)} ({value:6.2f})\n"
         if result.log_z is not None:
             text += "".join(f"{'# ' if comments else ''}{line}\n" for line in _ensemble_lines(result))
         return text

@@ -71,7 +71,9 @@ class Request:
     pair probabilities. ``centroid``: also RNAfold's centroid structure, its distance
     and its score (energy models with ``-p``). ``energy``: the parameters are Turner
     energy tables; also the free energies of the structures (:func:`fold_batch`).
-    ``min_hairpin`` and ``num_chunks`` (None: automatic): as in :mod:`foldax.layers`.
+    ``min_hairpin``, ``no_lonely_pairs`` and ``num_chunks`` (None: automatic): as in
+    :mod:`foldax.layers` (without lonely pairs the MEA and centroid structures, decoded
+    from the pair probabilities as RNAfold's are, may still hold some).
     """
 
     decoder: str = "mfe"
@@ -81,6 +83,7 @@ class Request:
     energy: bool = False
     min_hairpin: int = 3
     num_chunks: int | None = None
+    no_lonely_pairs: bool = False
 
     def __post_init__(self):
         if self.decoder not in ("mfe", "mea"):
@@ -117,14 +120,15 @@ def _valid_square(lengths, length):
     return valid[:, :, None] & valid[:, None, :]
 
 
-def _value_and_pair_gradient(value_fn, params, tokens, lengths, phi, min_hairpin, num_chunks):
+def _value_and_pair_gradient(value_fn, params, tokens, lengths, phi, request):
     """``(value [B], d value / d phi)`` symmetrised and masked to the sequences: for the log
     semiring the pair probabilities, for the max semiring the best structure's 0/1 pairs."""
     import jax
     import jax.numpy as jnp
 
     def total(f):
-        values = value_fn(params, tokens, lengths, phi=f, min_hairpin=min_hairpin, num_chunks=num_chunks)
+        values = value_fn(params, tokens, lengths, phi=f, min_hairpin=request.min_hairpin,
+                          num_chunks=request.num_chunks, no_lonely_pairs=request.no_lonely_pairs)
         return jnp.sum(values), values
 
     (_, values), grad = jax.value_and_grad(total, has_aux=True)(phi)
@@ -163,15 +167,16 @@ def fold_batch(params, tokens, lengths, phi, gamma, *, request: Request) -> dict
     pair_phi = jnp.zeros(tokens.shape + tokens.shape[-1:], dtype) if phi is None else phi.astype(dtype)
     out = {}
     if request.needs_probs:
-        log_z, probs = _value_and_pair_gradient(layers.log_partition, params, tokens, lengths, pair_phi, h, chunks)
+        log_z, probs = _value_and_pair_gradient(layers.log_partition, params, tokens, lengths, pair_phi, request)
         if request.partition:
             out["log_z"] = log_z
         if request.probs:
             out["probs"] = probs
     elif request.partition:  # log Z alone: no outside pass
-        out["log_z"] = layers.log_partition(params, tokens, lengths, phi=phi, min_hairpin=h, num_chunks=chunks)
+        out["log_z"] = layers.log_partition(params, tokens, lengths, phi=phi, min_hairpin=h, num_chunks=chunks,
+                                            no_lonely_pairs=request.no_lonely_pairs)
     if request.decoder == "mfe":
-        best, indicator = _value_and_pair_gradient(layers.max_score, params, tokens, lengths, pair_phi, h, chunks)
+        best, indicator = _value_and_pair_gradient(layers.max_score, params, tokens, lengths, pair_phi, request)
         out["structure"], out["score"] = _table_of(indicator, lengths, 0.5), best
     else:
         out["structure"] = layers.mea_structure(probs, lengths, gamma=gamma, min_hairpin=h, num_chunks=chunks)

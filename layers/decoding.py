@@ -34,17 +34,19 @@ from foldax.layers.inside import (
     _check_inputs,
     _result_dtype,
     batch_sharded,
+    check_no_lonely_pairs,
     check_params,
     engine_inputs,
 )
 
 
-def _phi_gradient(params, tokens, lengths, phi, min_hairpin, semiring, num_chunks):
+def _phi_gradient(params, tokens, lengths, phi, min_hairpin, semiring, num_chunks, no_lonely_pairs=False):
     """d value / d phi [B, L, L] (upper triangle; phi = 0 when None)."""
     if phi is None:
         phi = jnp.zeros(tokens.shape + tokens.shape[-1:], _result_dtype(params))
     value = functools.partial(
-        _batched_value, params, tokens, lengths, min_hairpin=min_hairpin, semiring=semiring, num_chunks=num_chunks
+        _batched_value, params, tokens, lengths, min_hairpin=min_hairpin, semiring=semiring, num_chunks=num_chunks,
+        no_lonely_pairs=no_lonely_pairs,
     )
     return jax.grad(lambda f: jnp.sum(value(f)))(phi)
 
@@ -55,14 +57,15 @@ def _valid_square(lengths, length):
     return valid[:, :, None] & valid[:, None, :]
 
 
-@functools.partial(jax.jit, static_argnames=("min_hairpin", "num_chunks"))
-def _pair_probs(params, tokens, lengths, phi, *, min_hairpin, num_chunks):
-    grad = _phi_gradient(params, tokens, lengths, phi, min_hairpin, "log", num_chunks)
+@functools.partial(jax.jit, static_argnames=("min_hairpin", "num_chunks", "no_lonely_pairs"))
+def _pair_probs(params, tokens, lengths, phi, *, min_hairpin, num_chunks, no_lonely_pairs=False):
+    grad = _phi_gradient(params, tokens, lengths, phi, min_hairpin, "log", num_chunks, no_lonely_pairs)
     probs = grad + jnp.swapaxes(grad, 1, 2)
     return jnp.where(_valid_square(lengths, tokens.shape[1]), probs, 0)
 
 
-def pair_probs(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chunks=DEFAULT_NUM_CHUNKS):
+def pair_probs(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chunks=DEFAULT_NUM_CHUNKS,
+               no_lonely_pairs=False):
     """Base-pair probabilities ``P[i, j] = SUM_{s containing (i,j)} p(s | x)``.
 
     Arguments as for :func:`foldax.layers.log_partition`. Returns ``[n, n]`` (or ``[B, L, L]``):
@@ -76,8 +79,10 @@ def pair_probs(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chu
       (0.61, True)
     """
     params = check_params(params)
+    no_lonely_pairs = check_no_lonely_pairs(params, no_lonely_pairs)
     tokens, lengths, phi, batched = _check_inputs(tokens, lengths, phi, min_hairpin)
-    run = functools.partial(_pair_probs, min_hairpin=int(min_hairpin), num_chunks=num_chunks)
+    run = functools.partial(_pair_probs, min_hairpin=int(min_hairpin), num_chunks=num_chunks,
+                            no_lonely_pairs=no_lonely_pairs)
     out = batch_sharded(run, tokens)(params, tokens, lengths, phi)
     return out if batched else out[0]
 
@@ -92,13 +97,14 @@ def _table_from_indicator(indicator, lengths):
     return jnp.where(paired, jnp.argmax(indicator, axis=2), -1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("min_hairpin", "num_chunks"))
-def _best_structure(params, tokens, lengths, phi, *, min_hairpin, num_chunks):
-    grad = _phi_gradient(params, tokens, lengths, phi, min_hairpin, "max", num_chunks)
+@functools.partial(jax.jit, static_argnames=("min_hairpin", "num_chunks", "no_lonely_pairs"))
+def _best_structure(params, tokens, lengths, phi, *, min_hairpin, num_chunks, no_lonely_pairs=False):
+    grad = _phi_gradient(params, tokens, lengths, phi, min_hairpin, "max", num_chunks, no_lonely_pairs)
     return _table_from_indicator(grad + jnp.swapaxes(grad, 1, 2), lengths)
 
 
-def best_structure(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chunks=DEFAULT_NUM_CHUNKS):
+def best_structure(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chunks=DEFAULT_NUM_CHUNKS,
+                   no_lonely_pairs=False):
     """The highest-scoring structure ``argmax_s score(s)`` as a pair table.
 
     Arguments as for :func:`foldax.layers.max_score`; its :func:`foldax.layers.structure_score` equals
@@ -113,8 +119,10 @@ def best_structure(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num
       '((((...))))'
     """
     params = check_params(params)
+    no_lonely_pairs = check_no_lonely_pairs(params, no_lonely_pairs)
     tokens, lengths, phi, batched = _check_inputs(tokens, lengths, phi, min_hairpin)
-    run = functools.partial(_best_structure, min_hairpin=int(min_hairpin), num_chunks=num_chunks)
+    run = functools.partial(_best_structure, min_hairpin=int(min_hairpin), num_chunks=num_chunks,
+                            no_lonely_pairs=no_lonely_pairs)
     out = batch_sharded(run, tokens)(params, tokens, lengths, phi)
     return out if batched else out[0]
 
@@ -186,16 +194,17 @@ def pair_table_from_marks(marks, lengths):
     return jnp.where(jnp.arange(length) < lengths[..., None], table, -1)
 
 
-@functools.partial(jax.jit, static_argnames=("num_samples", "min_hairpin", "num_chunks"))
-def _sample(key, params, tokens, lengths, phi, *, num_samples, min_hairpin, num_chunks):
-    problem, inputs = engine_inputs(params, tokens, lengths, phi, min_hairpin=min_hairpin, num_chunks=num_chunks)
+@functools.partial(jax.jit, static_argnames=("num_samples", "min_hairpin", "num_chunks", "no_lonely_pairs"))
+def _sample(key, params, tokens, lengths, phi, *, num_samples, min_hairpin, num_chunks, no_lonely_pairs=False):
+    problem, inputs = engine_inputs(params, tokens, lengths, phi, min_hairpin=min_hairpin, num_chunks=num_chunks,
+                                    no_lonely_pairs=no_lonely_pairs)
     marks = chart.sample_pairs(problem, key, inputs, lengths, num_samples)  # [S, B, L, L]
     tables = pair_table_from_marks(marks, jnp.broadcast_to(lengths, marks.shape[:2]))
     return jnp.swapaxes(tables, 0, 1)
 
 
 def sample_structures(key, params, tokens, num_samples, lengths=None, *, phi=None, min_hairpin=3,
-                      num_chunks=DEFAULT_NUM_CHUNKS):
+                      num_chunks=DEFAULT_NUM_CHUNKS, no_lonely_pairs=False):
     """``num_samples`` exact, independent samples from ``p(s | x) = e^{score(s)} / Z(x)``.
 
     One inside pass, then an outside pass in the sampling semiring per group of samples
@@ -206,7 +215,8 @@ def sample_structures(key, params, tokens, num_samples, lengths=None, *, phi=Non
     Args:
       key: a JAX PRNG key.
       num_samples: static int.
-      params, tokens, lengths, phi, min_hairpin: as for :func:`foldax.layers.log_partition`.
+      params, tokens, lengths, phi, min_hairpin, no_lonely_pairs: as for
+        :func:`foldax.layers.log_partition`.
 
     Returns:
       int32 pair tables ``[num_samples, n]`` (or ``[B, num_samples, L]``, -1 on padding).
@@ -220,11 +230,12 @@ def sample_structures(key, params, tokens, num_samples, lengths=None, *, phi=Non
     if not isinstance(num_samples, (int, np.integer)) or num_samples < 0:
         raise ValueError(f"num_samples must be a non-negative int (static), got {num_samples!r}")
     params = check_params(params)
+    no_lonely_pairs = check_no_lonely_pairs(params, no_lonely_pairs)
     tokens, lengths, phi, batched = _check_inputs(tokens, lengths, phi, min_hairpin)
     batch, length = tokens.shape
     if length == 0 or num_samples == 0:
         return jnp.zeros((batch, num_samples, length) if batched else (num_samples, length), jnp.int32)
     run = functools.partial(_sample, num_samples=int(num_samples), min_hairpin=int(min_hairpin),
-                            num_chunks=num_chunks)
+                            num_chunks=num_chunks, no_lonely_pairs=no_lonely_pairs)
     out = batch_sharded(run, tokens)(key, params, tokens, lengths, phi)
     return out if batched else out[0]

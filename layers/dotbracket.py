@@ -41,6 +41,7 @@ __all__ = [
     "pairs_from_table",
     "table_from_pairs",
     "count_short_hairpins",
+    "lonely_pairs",
 ]
 
 #: Bracket kinds in the order :func:`to_dot_bracket` uses them, one per
@@ -62,7 +63,7 @@ class StructureError(ValueError):
       reason: a short machine-readable tag: ``"bad_character"``,
         ``"pseudoknot_bracket"``, ``"unbalanced"``, ``"out_of_range"``,
         ``"self_pair"``, ``"asymmetric"``, ``"crossing"``, ``"short_hairpin"``,
-        ``"conflict"`` (a position in two pairs) or ``"shape"``.
+        ``"conflict"`` (a position in two pairs), ``"lonely_pair"`` or ``"shape"``.
     """
 
     def __init__(self, message: str, *, position: int | None = None, reason: str = "invalid"):
@@ -304,6 +305,25 @@ def count_short_hairpins(pair_table, min_hairpin: int = 3) -> int:
     pt = np.asarray(pair_table)
     idx = np.arange(len(pt))
     return int(np.count_nonzero((pt > idx) & (pt - idx - 1 < min_hairpin)))
+
+
+def lonely_pairs(pair_table) -> list[tuple[int, int]]:
+    """The pairs ``(i, j)``, ``i < j``, stacked on neither ``(i + 1, j - 1)`` nor ``(i - 1, j + 1)``:
+    helices of one pair, which RNAfold's ``--noLP`` excludes.
+
+    >>> lonely_pairs(from_dot_bracket("((...))..(...)"))
+    [(9, 13)]
+    """
+    pt = np.asarray(pair_table)
+    n = len(pt)
+    out = []
+    for i in np.flatnonzero(pt > np.arange(n)):
+        j = int(pt[i])
+        inner = i + 1 < n and pt[i + 1] == j - 1
+        outer = i > 0 and j + 1 < n and pt[i - 1] == j + 1
+        if not (inner or outer):
+            out.append((int(i), j))
+    return out
 
 
 # --------------------------------------------------------------------------- #

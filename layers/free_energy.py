@@ -109,14 +109,19 @@ def free_energy(params, tokens, structure, lengths=None):
     return energy if batched else energy[0]
 
 
-def ensemble_free_energy(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chunks=None):
+def ensemble_free_energy(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chunks=None,
+                         no_lonely_pairs=False):
     """``G = -kT log Z`` in kcal/mol (ViennaRNA's ``fc.pf()`` with ``md.pf_smooth = 0``).
 
     Same arguments as :func:`foldax.layers.log_partition` (``phi`` adds ``-kT phi`` to a pair's energy,
     like ViennaRNA's soft constraint ``fc.sc_add_bp(i + 1, j + 1, -kT phi[i, j])``).
+    ``no_lonely_pairs=True`` gives the ensemble of structures without lonely pairs exactly;
+    ViennaRNA's ``md.noLP = 1`` partition function only removes the pairs that cannot
+    stack at all, so it also counts some lonely pairs and is lower (more negative).
     """
     _require_energy_params(params, "ensemble_free_energy")
-    return -KT * log_partition(params, tokens, lengths, phi=phi, min_hairpin=min_hairpin, num_chunks=num_chunks)
+    return -KT * log_partition(params, tokens, lengths, phi=phi, min_hairpin=min_hairpin, num_chunks=num_chunks,
+                               no_lonely_pairs=no_lonely_pairs)
 
 
 def turner_structure_score(params, tokens, pair_table, lengths, phi, min_hairpin):

@@ -123,12 +123,23 @@ def _problem(grammar, length, num_chunks):
     return chart.Problem(grammar, int(length), None if num_chunks is None else int(num_chunks))
 
 
-def engine_inputs(params, tokens, lengths, phi, *, min_hairpin, semiring="log", num_chunks=None):
+def check_no_lonely_pairs(params, no_lonely_pairs):
+    """Raises a clear error where ``no_lonely_pairs`` is not a bool or the grammar lacks it."""
+    if not isinstance(no_lonely_pairs, (bool, np.bool_)):
+        raise TypeError(f"no_lonely_pairs must be a bool (static), got {no_lonely_pairs!r}")
+    if no_lonely_pairs and not is_energy_params(params):
+        raise ValueError("no_lonely_pairs=True needs Turner energy parameters (layers.turner2004() or a .par "
+                         "file); the stacking grammar has no such option")
+    return bool(no_lonely_pairs)
+
+
+def engine_inputs(params, tokens, lengths, phi, *, min_hairpin, semiring="log", num_chunks=None,
+                  no_lonely_pairs=False):
     """``(problem, inputs)`` for the chart engine (``foldax.layers.chart``): the grammar the
     parameters belong to, with its per-cell scores for ``tokens`` [B, L] (checked params)."""
     length = tokens.shape[1]
     if is_energy_params(params):
-        problem = _problem(turner.TurnerGrammar(min_hairpin), length, num_chunks)
+        problem = _problem(turner.TurnerGrammar(min_hairpin, no_lonely_pairs), length, num_chunks)
         inputs = turner.cell_scores(params, tokens, lengths, phi, min_hairpin=min_hairpin,
                                     pf=semiring != "max", end_pad=problem.widest)
     else:
@@ -142,13 +153,13 @@ def cell_scores(params, tokens, phi=None):
     return stacking.cell_scores(params, tokens, phi)
 
 
-@functools.partial(jax.jit, static_argnames=("min_hairpin", "semiring", "num_chunks"))
-def _batched_value(params, tokens, lengths, phi, *, min_hairpin, semiring, num_chunks):
+@functools.partial(jax.jit, static_argnames=("min_hairpin", "semiring", "num_chunks", "no_lonely_pairs"))
+def _batched_value(params, tokens, lengths, phi, *, min_hairpin, semiring, num_chunks, no_lonely_pairs=False):
     length = tokens.shape[1]
     if length == 0:
         return jnp.zeros(tokens.shape[0], _result_dtype(params))
     problem, inputs = engine_inputs(params, tokens, lengths, phi, min_hairpin=min_hairpin, semiring=semiring,
-                                    num_chunks=num_chunks)
+                                    num_chunks=num_chunks, no_lonely_pairs=no_lonely_pairs)
     return chart.value(problem, semiring, inputs, lengths)
 
 
@@ -176,17 +187,20 @@ def batch_sharded(fn, tokens, num_outputs=1):
     return jax.sharding.auto_axes(fn, out_sharding=spec if num_outputs == 1 else (spec,) * num_outputs)
 
 
-def _value(params, tokens, lengths, phi, min_hairpin, semiring, num_chunks):
+def _value(params, tokens, lengths, phi, min_hairpin, semiring, num_chunks, no_lonely_pairs):
     params = check_params(params)
+    no_lonely_pairs = check_no_lonely_pairs(params, no_lonely_pairs)
     tokens, lengths, phi, batched = _check_inputs(tokens, lengths, phi, min_hairpin)
     run = functools.partial(
-        _batched_value, min_hairpin=int(min_hairpin), semiring=semiring, num_chunks=num_chunks
+        _batched_value, min_hairpin=int(min_hairpin), semiring=semiring, num_chunks=num_chunks,
+        no_lonely_pairs=no_lonely_pairs,
     )
     out = batch_sharded(run, tokens)(params, tokens, lengths, phi)
     return out if batched else out[0]
 
 
-def log_partition(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chunks=None):
+def log_partition(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chunks=None,
+                  no_lonely_pairs=False):
     r"""Log partition function :math:`\log Z(x) = \log \sum_s e^{\mathrm{score}(s)}`.
 
     Args:
@@ -199,6 +213,9 @@ def log_partition(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_
       min_hairpin: static ``h >= 0``; a pair (i, j) needs ``j - i > h``.
       num_chunks: static; how many static-shape pieces the diagonal loop is split into
         (default ``min(16, L // 32)``: more chunks waste less work but compile longer).
+      no_lonely_pairs: static; Turner parameters only: sum over the structures in which
+        every pair stacks on a neighbouring pair (RNAfold's ``--noLP``; see
+        :class:`foldax.layers.turner.TurnerGrammar`).
 
     Returns:
       a scalar (or ``[B]``): ``Z[0][n-1]``, 0 for an empty sequence. Differentiable with
@@ -211,19 +228,21 @@ def log_partition(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_
       >>> float(layers.log_partition(params, layers.encode("GGGAAACCC"))) > 0
       True
     """
-    return _value(params, tokens, lengths, phi, min_hairpin, "log", num_chunks)
+    return _value(params, tokens, lengths, phi, min_hairpin, "log", num_chunks, no_lonely_pairs)
 
 
-def max_score(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chunks=None):
+def max_score(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chunks=None, no_lonely_pairs=False):
     """The best structure's score ``max_s score(s)`` (max semiring); same arguments as
     :func:`log_partition`. Its gradient is the indicator of the best structure."""
-    return _value(params, tokens, lengths, phi, min_hairpin, "max", num_chunks)
+    return _value(params, tokens, lengths, phi, min_hairpin, "max", num_chunks, no_lonely_pairs)
 
 
-def inside_charts(params, tokens, lengths=None, *, phi=None, min_hairpin=3, semiring="log", num_chunks=None):
+def inside_charts(params, tokens, lengths=None, *, phi=None, min_hairpin=3, semiring="log", num_chunks=None,
+                  no_lonely_pairs=False):
     """The filled charts (a dict in the engine's layout, see the grammar's module) for tokens [B, L]."""
     params = check_params(params)
+    no_lonely_pairs = check_no_lonely_pairs(params, no_lonely_pairs)
     tokens, lengths, phi, _ = _check_inputs(tokens, lengths, phi, min_hairpin)
     problem, inputs = engine_inputs(params, tokens, lengths, phi, min_hairpin=int(min_hairpin), semiring=semiring,
-                                    num_chunks=num_chunks)
+                                    num_chunks=num_chunks, no_lonely_pairs=no_lonely_pairs)
     return chart.charts(problem, semiring, inputs)

@@ -51,13 +51,14 @@ import numpy as np
 
 from foldax.layers.alphabet import NUM_TOKENS
 from foldax.layers.chart import DEFAULT_NUM_CHUNKS
-from foldax.layers.dotbracket import StructureError, validate_pair_table
+from foldax.layers.dotbracket import StructureError, lonely_pairs, validate_pair_table
 from foldax.layers.inside import (
     _batched_value,
     _check_inputs,
     _is_concrete,
     _result_dtype,
     batch_sharded,
+    check_no_lonely_pairs,
     check_params,
     is_energy_params,
 )
@@ -110,6 +111,30 @@ def _validity(pt, lengths, min_hairpin):
     nested = ~opens | (depth - 1 == jnp.take_along_axis(depth, partner, axis=1))
     ok = in_range & (~paired | (symmetric & long_enough & nested))
     return jnp.all(ok | ~active, axis=1)
+
+
+def _without_lonely_pairs(pt, lengths):
+    """[B] bool: every pair (i, j) of each table stacks on (i + 1, j - 1) or (i - 1, j + 1)."""
+    length = pt.shape[1]
+    idx = jnp.arange(length)
+    pt = jnp.where(idx < lengths[:, None], pt, -1)
+    padded = jnp.pad(pt, ((0, 0), (1, 1)), constant_values=-1)  # position k at k + 1
+    stacked = (padded[:, 2:] == pt - 1) | (padded[:, :-2] == pt + 1)
+    return jnp.all((pt <= idx) | stacked, axis=1)
+
+
+def _check_no_lonely_pairs(pair_table, lengths, batched):
+    """Raises StructureError naming the first lonely pair of a concrete table."""
+    if not (_is_concrete(pair_table) and _is_concrete(lengths)):
+        return
+    for b, (table, n) in enumerate(zip(np.asarray(pair_table), np.asarray(lengths))):
+        lonely = lonely_pairs(table[:n])
+        if lonely:
+            i, j = lonely[0]
+            where = f"sequence {b} (length {n}): " if batched else ""
+            raise StructureError(f"{where}pair ({i}, {j}) is a lonely pair (no stacked neighbour), which "
+                                 f"no_lonely_pairs=True excludes ({len(lonely)} such pair(s))",
+                                 position=i, reason="lonely_pair")
 
 
 def _flat_lookup(table, indices):
@@ -213,10 +238,13 @@ def structure_score(params, tokens, pair_table, lengths=None, *, phi=None, min_h
     return out if batched else out[0]
 
 
-def log_prob(params, tokens, pair_table, lengths=None, *, phi=None, min_hairpin=3, num_chunks=DEFAULT_NUM_CHUNKS):
+def log_prob(params, tokens, pair_table, lengths=None, *, phi=None, min_hairpin=3, num_chunks=DEFAULT_NUM_CHUNKS,
+             no_lonely_pairs=False):
     """``log p(s | x) = score(s) - log Z(x)``; same arguments as :func:`structure_score`.
 
-    ``-inf`` (with zero gradients) for an invalid table under ``jit``.
+    ``-inf`` (with zero gradients) for an invalid table under ``jit``. With
+    ``no_lonely_pairs=True`` (Turner parameters) ``Z`` sums over the structures without
+    lonely pairs (see :func:`foldax.layers.log_partition`), and a table with one is invalid.
 
     Example:
       >>> from foldax import layers
@@ -226,8 +254,13 @@ def log_prob(params, tokens, pair_table, lengths=None, *, phi=None, min_hairpin=
       True
     """
     params, tokens, pair_table, lengths, phi, batched = _prepare(params, tokens, pair_table, lengths, phi, min_hairpin)
+    no_lonely_pairs = check_no_lonely_pairs(params, no_lonely_pairs)
     score, valid = _score(params, tokens, pair_table, lengths, phi, min_hairpin)
-    run = functools.partial(_batched_value, min_hairpin=int(min_hairpin), semiring="log", num_chunks=num_chunks)
+    if no_lonely_pairs:
+        _check_no_lonely_pairs(pair_table, lengths, batched)
+        valid = valid & _without_lonely_pairs(pair_table, lengths)
+    run = functools.partial(_batched_value, min_hairpin=int(min_hairpin), semiring="log", num_chunks=num_chunks,
+                            no_lonely_pairs=no_lonely_pairs)
     log_z = batch_sharded(run, tokens)(params, tokens, lengths, phi)
     # Select after subtracting, so an invalid table sends no gradient into log Z either.
     out = jnp.where(valid, score - log_z, -jnp.inf)

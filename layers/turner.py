@@ -18,6 +18,10 @@ derivation), so ``log Z`` is the log of ViennaRNA's partition function and the m
 its minimum free energy. Splitting ``QM`` into one stem (``QM1x``, an O(1) recursion) and two or
 more (``QMM``) leaves a single O(n^3) split sum, ``QMM``, which also closes multiloops.
 
+Without lonely pairs (``TurnerGrammar.no_lonely_pairs``, RNAfold's ``--noLP``) every read of
+``QB`` except the stack's becomes ``QS[i][j] = pair[i,j] + w_stack(i,j) + QB[i+1][j-1]``: a pair
+that its enclosing loop does not stack on must stack on its inner pair.
+
 Interior loops (all ~500 ``(l1, l2)`` with ``l1 + l2 <= 30``). The loop's energy is a
 per-(l1, l2) length term plus a mismatch of the outer pair (depends on (i, j)) plus one of the
 inner pair (depends on (k, l)), except for the tabulated small loops (stack, 1-nt bulges, 1x1,
@@ -59,7 +63,8 @@ ROW_PAD = WINDOW + 1
 #: Per-cell score arrays that the recursion reads on the cell's own diagonal.
 CELL_ARRAYS = ("pair", "hairpin", "stack", "bulge1_5", "bulge1_3", "int11", "int12", "int21", "int22",
                "outer_generic", "outer_1n", "outer_23", "outer_bulge", "ml_close", "ml_stem", "ext")
-#: The multiloop charts packed into one (see TurnerGrammar.init_charts).
+#: The multiloop charts packed into one (see TurnerGrammar.init_charts); without lonely pairs
+#: the pairs' full chart ``QB`` rides along (the stacks read it two diagonals back).
 ML_SEGMENTS = ("QI", "QM1", "QM1x", "QMM")
 #: Inner-pair arrays read through the start-indexed window (one per loop class) ...
 START_INNER = ("inner_generic", "inner_23", "inner_1n", "inner_bulge")
@@ -441,10 +446,10 @@ def _loop_sums(sr, lengths_table, qb, inner, linear, first_shift, width):
     return _shifted_rows(sr.matmul(lengths_table, qb + inner), first_shift, width)
 
 
-def _unpack_ml(row, length, width):
-    """A packed ML row [B, 4 (L + 1)] -> the known totals of its charts on this diagonal."""
-    segments = row.reshape(row.shape[0], len(ML_SEGMENTS), length + 1)[:, :, :width]
-    return {name: segments[:, k] for k, name in enumerate(ML_SEGMENTS)}
+def _unpack_ml(row, names, length, width):
+    """A packed ML row [B, len(names) (L + 1)] -> the known totals of its charts on this diagonal."""
+    segments = row.reshape(row.shape[0], len(names), length + 1)[:, :, :width]
+    return {name: segments[:, k] for k, name in enumerate(names)}
 
 
 def _finite_or_zero(x):
@@ -453,9 +458,18 @@ def _finite_or_zero(x):
 
 @dataclasses.dataclass(frozen=True)
 class TurnerGrammar:
-    """The Turner 2004 recursion for the chart engine (see the module docstring)."""
+    """The Turner 2004 recursion for the chart engine (see the module docstring).
+
+    ``no_lonely_pairs``: only structures in which every pair stacks on a neighbouring pair
+    (RNAfold's ``--noLP``; helices of one pair excluded). A pair that the enclosing loop does
+    not stack on must then stack on its inner pair: every loop except the stack reads the
+    stacked-inside chart ``QS[i][j] = pair + stack(i, j) + QB[i+1][j-1]`` where it reads
+    ``QB`` otherwise (the interior-loop windows, multiloop branches, exterior stems), and
+    the stack reads the full ``QB``. Still one derivation per structure.
+    """
 
     min_hairpin: int = 3
+    no_lonely_pairs: bool = False
     pair_array = "pair"
     first_diagonal = 1
     one_pass = False
@@ -463,6 +477,10 @@ class TurnerGrammar:
     # Each chunk is a fill and an outside loop body: ~3.5 s of XLA compile on 2 cores. 8 chunks
     # instead of 16 halve the compile (~25 s at any length) for ~10% more run time at 1,000 nt.
     max_auto_chunks = 8
+
+    @property
+    def ml_segments(self):
+        return ML_SEGMENTS + ("QB",) if self.no_lonely_pairs else ML_SEGMENTS
 
     @property
     def row_offset(self):  # split rows of QMM: u - i in [h + 2, d - h - 1]
@@ -482,13 +500,14 @@ class TurnerGrammar:
         def blank(rows, cols):
             return jnp.full((batch, rows, cols), -jnp.inf, dtype)
 
+        # QBs and QBr hold QS instead of QB without lonely pairs (see the class docstring).
         return {
             "QBs": blank(length + ROW_PAD, length + WINDOW),  # QB[i][i+w] at [w + ROW_PAD, i]
             # QB[j-w][j] at [L - w, j + WINDOW]; rows past L (negative widths) stay -inf.
             "QBr": blank(length + 1 + max(ROW_PAD, widest), length + WINDOW + widest),
-            # QI, QM1, QM1x, QMM packed along the columns (one segment of L + 1 each); the
+            # QI, QM1, QM1x, QMM (and QB, see ml_segments) packed along the columns (one segment of L + 1 each); the
             # cell (i, i+w) at row w + 2, so that a diagonal's reads (widths d-2, d-1) never clamp.
-            "ML": blank(length + 2, len(ML_SEGMENTS) * (length + 1)),
+            "ML": blank(length + 2, len(self.ml_segments) * (length + 1)),
             "QM1r": blank(length + widest + 2, length + widest + 1),  # QM1[j-w][j] at [L - w, j]
             "QMc": blank(length + 1, length),  # QM[i][i+m-1] at [m, i]
             # The exterior loop: F5[t - 1] at [0, t] (t = 0: the empty prefix; F5[0]: one base).
@@ -510,7 +529,7 @@ class TurnerGrammar:
             **cell, **window,
             "qm_left": View("QMc", lo, 0, rows, width),  # QM[i][i+m-1], m = lo ..
             "qm1_right": View("QM1r", length - d + lo, d, rows, width),  # QM1[i+m][j]
-            "ml": View("ML", d, 0, 2, len(ML_SEGMENTS) * (length + 1)),  # widths d-2, d-1 of QI QM1 QM1x QMM
+            "ml": View("ML", d, 0, 2, len(self.ml_segments) * (length + 1)),  # widths d-2, d-1 of QI QM1 QM1x QMM
             # The exterior loop at end position d: stems (k, d) for k = 1 .. rows + 1 (k = 0 is
             # this diagonal's own cell), and the prefixes F5[k - 1] before them.
             "f5_prev": View("F5", 0, 1, 1, stems),  # F5[k - 1], k = 1 ..
@@ -521,7 +540,7 @@ class TurnerGrammar:
 
     def writes(self, d, length):
         return {"QBs": (d + ROW_PAD, 0), "QBr": (length - d, d + WINDOW), "QM1r": (length - d, d),
-                "QMc": (d + 1, 0), "ML": (d + 2, 0, len(ML_SEGMENTS) * (length + 1)), "F5": (0, d + 1, 1)}
+                "QMc": (d + 1, 0), "ML": (d + 2, 0, len(self.ml_segments) * (length + 1)), "F5": (0, d + 1, 1)}
 
     def pair_marks(self, arrays):
         """[B, L(d), L(i)]: the adjoint of the pair scores (added once per pair) marks the pairs."""
@@ -532,9 +551,11 @@ class TurnerGrammar:
         batch, width = views["qm_left"].shape[0], views["qm_left"].shape[2]
         packed = views["cells"][:, :, 0]  # [B, field, width]
         cell = {name: packed[:, k] for k, name in enumerate(CELL_ARRAYS)}
-        ml_rows = views["ml"].reshape(batch, 2, len(ML_SEGMENTS), length + 1)  # widths d-2, d-1
+        segments = self.ml_segments
+        seg = {name: k for k, name in enumerate(segments)}
+        ml_rows = views["ml"].reshape(batch, 2, len(segments), length + 1)  # widths d-2, d-1
         if "ML" in known:
-            known = {**known, **_unpack_ml(known["ML"], length, width)}
+            known = {**known, **_unpack_ml(known["ML"], segments, length, width)}
 
         # >= 2 stems in [i, j]: the one O(n^3) sum. Terms past a width's end are -inf.
         terms = jax.lax.optimization_barrier(views["qm_left"] + views["qm1_right"])
@@ -546,8 +567,10 @@ class TurnerGrammar:
         lin_end = _linear_window(qb_end) if sr.name == "log" else None
         rho = lambda l1, l2: MAX_LOOP - (l1 + l2)
         inner_qb = lambda l1, l2: qb_start[:, rho(l1, l2), l1 + 1 : l1 + 1 + width]
+        # QB[i+1][j-1]; the window holds QS without lonely pairs, where a stack reads the full QB.
+        stacked_on = ml_rows[:, 0, seg["QB"], 1 : 1 + width] if self.no_lonely_pairs else inner_qb(0, 0)
         parts = [
-            cell["stack"] + inner_qb(0, 0),
+            cell["stack"] + stacked_on,
             cell["bulge1_5"] + inner_qb(1, 0),
             cell["bulge1_3"] + inner_qb(0, 1),
             cell["int11"] + inner_qb(1, 1),
@@ -584,26 +607,27 @@ class TurnerGrammar:
                 parts.append(cell[outer] + (sr.sum(loops, axis=1) if loops.shape[1] > 1 else loops[:, 0]))
         qi = sr.sum(jnp.stack(parts, axis=1), axis=1, known=known.get("QI"))
 
-        seg = {name: k for k, name in enumerate(ML_SEGMENTS)}
         qmm_inner = ml_rows[:, 0, seg["QMM"], 1 : 1 + width]  # QMM[i+1][j-1]
         qm1_prev = ml_rows[:, 1, seg["QM1"], :width]  # QM1[i][j-1]
         qm1x_next = ml_rows[:, 1, seg["QM1x"], 1 : 1 + width]  # QM1x[i+1][j]
         closes = sr.plus(sr.plus(cell["hairpin"], qi), cell["ml_close"] + qmm_inner)
         qb = cell["pair"] + closes
+        # The pair as the other loops read it: any pair, or one that stacks on its inner pair.
+        branch = cell["pair"] + parts[0] if self.no_lonely_pairs else qb
         b = consts["ml_base"][:, None]
-        qm1 = sr.plus(qm1_prev + b, qb + cell["ml_stem"], known=known.get("QM1"))
+        qm1 = sr.plus(qm1_prev + b, branch + cell["ml_stem"], known=known.get("QM1"))
         qm1x = sr.plus(qm1, qm1x_next + b, known=known.get("QM1x"))
         qm = sr.plus(qm1x, qmm, known=known.get("QMc"))
-        rows = {"QI": qi, "QM1": qm1, "QM1x": qm1x, "QMM": qmm}
+        rows = {"QI": qi, "QM1": qm1, "QM1x": qm1x, "QMM": qmm, "QB": qb}
         ml_row = jnp.concatenate([jnp.pad(rows[name], ((0, 0), (0, length + 1 - width)), constant_values=-jnp.inf)
-                                  for name in ML_SEGMENTS], axis=1)
+                                  for name in segments], axis=1)
         # The exterior loop of the prefix x[0..d]: d unpaired, or a stem (k, d) after F5[k - 1].
-        stems = jnp.concatenate([qb[:, :1] + cell["ext"][:, :1],  # k = 0: this diagonal's cell (0, d)
+        stems = jnp.concatenate([branch[:, :1] + cell["ext"][:, :1],  # k = 0: this diagonal's cell (0, d)
                                  views["f5_prev"][:, 0] + views["stem_qb"][:, :, 0] + views["stem_ext"][:, :, 0]],
                                 axis=1)
         f5 = sr.plus(views["f5_last"][:, 0, 0], sr.sum(stems, axis=1),
                      known=known["F5"][:, 0] if "F5" in known else None)
-        return {"QBs": qb, "QBr": qb, "QM1r": qm1, "QMc": qm, "ML": ml_row, "F5": f5[:, None]}, None
+        return {"QBs": branch, "QBr": branch, "QM1r": qm1, "QMc": qm, "ML": ml_row, "F5": f5[:, None]}, None
 
     def output(self, sr, arrays, consts, lengths, length):
         """F5[n-1] per sequence (0 for an empty one)."""

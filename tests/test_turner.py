@@ -832,6 +832,18 @@ def chi_square_p_value(counts, expected, min_expected=5.0):
     return float(chi2.sf(statistic, len(observed) - 1)), len(observed)
 
 
+def sample_fit(samples, n, structures, weights):
+    """(p-value, bins) of one sequence's samples (rows of pair tables) against the Boltzmann
+    distribution of log-weights over every structure; asserts no sample lies outside them."""
+    index = {s: k for k, s in enumerate(structures)}
+    counts = collections.Counter(tuple((i, int(j)) for i, j in enumerate(t[:n]) if j > i) for t in samples)
+    assert set(counts) <= set(index), "a sample outside the folding space"
+    observed = np.zeros(len(structures))
+    for s, c in counts.items():
+        observed[index[s]] = c
+    return chi_square_p_value(observed, len(samples) * np.exp(weights - logsumexp(weights)))
+
+
 @pytest.mark.slow
 def test_samples_follow_the_boltzmann_distribution(RNA):
     """4,000 samples per sequence (float32, random phi) against exact probabilities over every
@@ -853,13 +865,7 @@ def test_samples_follow_the_boltzmann_distribution(RNA):
         assert (samples[b, :, n:] == -1).all()
         structures, weights = vienna_structure_weights(RNA, seq)
         weights = scale * weights + np.array([sum(float(phi[b, i, j]) for i, j in s) for s in structures])
-        index = {s: k for k, s in enumerate(structures)}
-        counts = collections.Counter(tuple((i, int(j)) for i, j in enumerate(t[:n]) if j > i) for t in samples[b])
-        assert set(counts) <= set(index), "a sample outside the folding space"
-        observed = np.zeros(len(structures))
-        for s, c in counts.items():
-            observed[index[s]] = c
-        p_value, bins = chi_square_p_value(observed, samples.shape[1] * np.exp(weights - logsumexp(weights)))
+        p_value, bins = sample_fit(samples[b], n, structures, weights)
         assert bins >= 50 and p_value > 1e-3, (seq, p_value, bins)
 
 
