@@ -49,9 +49,12 @@ Initialisation (pick one):
   :func:`foldax.layers.turner2004` ``()``), or a name or file for :func:`foldax.layers.load_params`
   (``"default"``, ``"turner2004"``, ``.json``, ``.npz``, ``.par``).
 
-``min_hairpin`` and ``num_chunks`` are static (plain Python attributes, part of the graph
-definition, never traced). Fewer ``num_chunks`` compile faster; the default ``None`` is
-:func:`foldax.layers.log_partition`'s automatic choice by length.
+``min_hairpin``, ``num_chunks`` and ``no_lonely_pairs`` are static (plain Python attributes, part
+of the graph definition, never traced). Fewer ``num_chunks`` compile faster; the default ``None`` is
+:func:`foldax.layers.log_partition`'s automatic choice by length. ``no_lonely_pairs=True`` (Turner
+tables only; RNAfold's ``--noLP``) restricts every ensemble method to the structures without
+lonely pairs; :meth:`~InsideLayer.structure_score` and :meth:`~InsideLayer.free_energy` score any
+structure, and :meth:`~InsideLayer.mea_structure` decodes the restricted pair probabilities.
 
 The Linen form, :func:`LinenInsideLayer` (``flax.nnx.bridge.to_linen``), takes the same
 constructor arguments as Linen attributes and keeps the parameters in the ``params``
@@ -89,7 +92,14 @@ from foldax.layers.free_energy import free_energy as _free_energy
 from foldax.layers import structure as _structure
 from foldax.layers.chart import DEFAULT_NUM_CHUNKS
 from foldax.layers.energy_params import SCALAR_NAMES, TABLE_SHAPES
-from foldax.layers.inside import PARAM_SHAPES, check_params, is_energy_params, log_partition, max_score
+from foldax.layers.inside import (
+    PARAM_SHAPES,
+    check_no_lonely_pairs,
+    check_params,
+    is_energy_params,
+    log_partition,
+    max_score,
+)
 from foldax.layers.params import init_params
 
 __all__ = ["InsideLayer", "LinenInsideLayer", "PARAM_NAMES", "TURNER_PARAM_NAMES"]
@@ -138,6 +148,7 @@ class InsideLayer(nnx.Module):
       init_scale: standard deviation of the random initialisation.
       min_hairpin: static ``h``: a pair (i, j) needs ``j - i > h``.
       num_chunks: static; see :func:`foldax.layers.log_partition`.
+      no_lonely_pairs: static; Turner tables only (see :func:`foldax.layers.log_partition`).
       param_dtype: dtype of the parameters (float32 default; float64 needs x64).
 
     Attributes (static): ``grammar`` (``"stacking"`` or ``"turner"``), ``param_names`` (the
@@ -153,12 +164,14 @@ class InsideLayer(nnx.Module):
         init_scale: float = 0.1,
         min_hairpin: int = 3,
         num_chunks: int | None = DEFAULT_NUM_CHUNKS,
+        no_lonely_pairs: bool = False,
         param_dtype=jnp.float32,
     ):
         values = _initial_values(params, rngs, init_scale, param_dtype)
         if not isinstance(min_hairpin, int) or isinstance(min_hairpin, bool) or min_hairpin < 0:
             raise ValueError(f"min_hairpin must be a non-negative int, got {min_hairpin!r}")
         self.min_hairpin = min_hairpin
+        self.no_lonely_pairs = check_no_lonely_pairs(values, no_lonely_pairs)
         self.num_chunks = None if num_chunks is None else int(num_chunks)  # None: automatic (by length)
         if is_energy_params(values):
             self.grammar = "turner"
@@ -205,10 +218,14 @@ class InsideLayer(nnx.Module):
             out["special_hairpins"] = dict(zip(self.special_hairpin_sequences, energies))
         return out
 
-    def _kw(self, chunks: bool = True) -> dict:
+    def _kw(self, chunks: bool = True, ensemble: bool = True) -> dict:
+        """The static options: ``min_hairpin``, with ``chunks`` the DP's ``num_chunks``, with
+        ``ensemble`` (and ``chunks``) also ``no_lonely_pairs``, which shapes the ensemble."""
         kw = {"min_hairpin": self.min_hairpin}
         if chunks:
             kw["num_chunks"] = self.num_chunks
+            if ensemble:
+                kw["no_lonely_pairs"] = self.no_lonely_pairs
         return kw
 
     def __call__(self, tokens, lengths=None, *, phi=None):
@@ -240,7 +257,7 @@ class InsideLayer(nnx.Module):
         """The maximum expected accuracy structure of this layer's pair probabilities
         (:func:`foldax.layers.mea_structure` of :meth:`pair_probs`)."""
         probs = self.pair_probs(tokens, lengths, phi=phi)
-        return _decoding.mea_structure(probs, lengths, gamma=gamma, **self._kw())
+        return _decoding.mea_structure(probs, lengths, gamma=gamma, **self._kw(ensemble=False))
 
     def sample_structures(self, key, tokens, num_samples, lengths=None, *, phi=None):
         """``num_samples`` exact samples from ``p(s | x)`` (:func:`foldax.layers.sample_structures`)."""
@@ -267,7 +284,8 @@ def LinenInsideLayer(*, name: str | None = None, **kwargs) -> nnx.bridge.ToLinen
     """The Linen form of :class:`InsideLayer`: ``nnx.bridge.to_linen(InsideLayer, **kwargs)``.
 
     Takes :class:`InsideLayer`'s keyword arguments (``params=`` -- e.g. ``"turner2004"`` --,
-    ``min_hairpin=``, ``init_scale=``, ``num_chunks=``, ``param_dtype=``) plus Linen's ``name=``.
+    ``min_hairpin=``, ``init_scale=``, ``num_chunks=``, ``no_lonely_pairs=``, ``param_dtype=``) plus
+    Linen's ``name=``.
     Call it like the NNX layer, ``(tokens, lengths, phi=phi)``, or any method through
     ``apply(..., method=lambda m, *a: m.pair_probs(*a))`` (inside a compact module:
     ``layer.pair_probs(...)``). The parameters live in the ``params`` collection under ``name``

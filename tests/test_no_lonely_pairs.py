@@ -187,6 +187,33 @@ def test_stacking_parameters_and_bad_values_are_refused():
         layers.max_score(layers.turner2004(), x, no_lonely_pairs="yes")
 
 
+def test_flax_layers_take_the_option(batch, turner64):
+    """InsideLayer(no_lonely_pairs=True) (NNX and Linen) gives the restricted ensemble; its parameter
+    gradients are the function's; a stacking layer refuses the option."""
+    from flax import nnx
+
+    from foldax.layers import InsideLayer, LinenInsideLayer
+
+    seqs, tokens, lengths, phi, ensembles = batch
+    layer = InsideLayer(params=turner64, no_lonely_pairs=True, param_dtype=jnp.float64)
+    log_z = np.asarray(layer(tokens, lengths, phi=phi))
+    for b, (_, weights) in enumerate(ensembles):
+        assert log_z[b] == pytest.approx(logsumexp(weights), rel=1e-10, abs=1e-10), seqs[b]
+    best = np.asarray(layer.best_structure(tokens, lengths, phi=phi))
+    assert all(lonely_pairs(best[b, : len(s)]) == [] for b, s in enumerate(seqs))
+    grads = nnx.grad(lambda m: jnp.sum(m(tokens, lengths, phi=phi)))(layer)
+    want = jax.grad(lambda p: jnp.sum(layers.log_partition(p, tokens, lengths, phi=phi, no_lonely_pairs=True)))(
+        turner64)
+    for name in ("stack", "hairpin", "ml_closing", "mismatch_exterior"):
+        np.testing.assert_allclose(np.asarray(getattr(grads, name)[...]), np.asarray(want[name]),
+                                   rtol=1e-9, atol=1e-12)
+    linen = LinenInsideLayer(params=turner64, no_lonely_pairs=True, param_dtype=jnp.float64)
+    variables = linen.init(jax.random.key(0), tokens, lengths, phi=phi)
+    np.testing.assert_allclose(np.asarray(linen.apply(variables, tokens, lengths, phi=phi)), log_z, rtol=1e-12)
+    with pytest.raises(ValueError, match="no_lonely_pairs=True needs Turner energy parameters"):
+        InsideLayer(params="default", no_lonely_pairs=True)
+
+
 def test_lonely_pairs_helper():
     assert lonely_pairs(layers.from_dot_bracket("((...))..(...)")) == [(9, 13)]
     assert lonely_pairs(layers.from_dot_bracket("(.(...).)")) == [(0, 8), (2, 6)]  # a bulge does not stack
