@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "The MFE structure is RNAfold's; with -p the ensemble is exactly the structures "
                            "without lonely pairs (RNAfold's -p only drops pairs that cannot stack at all, so "
                            "its ensemble free energy is slightly lower). --mea and the centroid decode the "
-                           "pair probabilities and may hold lonely pairs")
+                           "pair probabilities and may hold lonely pairs, as RNAfold's do")
     fold.add_argument("--format", choices=("dbn", "bpseq", "ct"), default="dbn", help="output format (default dbn)")
     fold.add_argument("-o", "--prefix", metavar="PREFIX",
                       help="also write one file per record: PREFIX<id>.<format> (PREFIX may be a directory 'dir/')")
