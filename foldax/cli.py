@@ -335,6 +335,7 @@ def run_fold(args, *, own_process: bool = False) -> int:
         _err("error: no sequences to fold" + (" (all records were invalid)" if errors else ""))
         return 1
     from foldax.layers.compiled import high_water
+    from foldax.layers.inside import is_energy_params
 
     try:
         high_water()  # a bad FOLDAX_MAPPINGS_HIGH_WATER fails here, not after the first program
@@ -349,7 +350,7 @@ def run_fold(args, *, own_process: bool = False) -> int:
         return 1
     for note in model.notes:
         _err(note)
-    if args.no_lonely_pairs and model.energy_kT is None:
+    if args.no_lonely_pairs and not is_energy_params(model.params):
         _err("error: --noLP needs energy parameters (e.g. --params turner2004); the stacking grammar has no "
              "such option")
         return 2

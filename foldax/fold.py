@@ -594,7 +594,7 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
     gamma = model.mea_gamma if gamma is None else gamma
     params = jax.tree.map(np.asarray, layers.check_params(model.params))
     if no_lonely_pairs and not layers.is_energy_params(params):
-        raise ValueError("--noLP (no_lonely_pairs) needs energy parameters (e.g. --params turner2004); "
+        raise ValueError("no_lonely_pairs (--noLP) needs energy parameters (Turner tables, e.g. turner2004); "
                          "the stacking grammar has no such option")
     request = Request(decoder="mea" if mea else "mfe", partition=partition, probs=probs,
                       centroid=model.energy_kT is not None and partition, energy=layers.is_energy_params(params),

@@ -239,7 +239,10 @@ def max_score(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chun
 
 def inside_charts(params, tokens, lengths=None, *, phi=None, min_hairpin=3, semiring="log", num_chunks=None,
                   no_lonely_pairs=False):
-    """The filled charts (a dict in the engine's layout, see the grammar's module) for tokens [B, L]."""
+    """The filled charts (a dict in the engine's layout, see the grammar's module) for tokens [B, L].
+
+    With ``no_lonely_pairs=True`` the Turner charts ``QBs``/``QBr`` hold the stacked-inside ``QS``
+    and ``QB`` itself is a segment of ``ML`` (:class:`foldax.layers.turner.TurnerGrammar`)."""
     params = check_params(params)
     no_lonely_pairs = check_no_lonely_pairs(params, no_lonely_pairs)
     tokens, lengths, phi, _ = _check_inputs(tokens, lengths, phi, min_hairpin)

@@ -505,7 +505,7 @@ class TurnerGrammar:
             "QBs": blank(length + ROW_PAD, length + WINDOW),  # QB[i][i+w] at [w + ROW_PAD, i]
             # QB[j-w][j] at [L - w, j + WINDOW]; rows past L (negative widths) stay -inf.
             "QBr": blank(length + 1 + max(ROW_PAD, widest), length + WINDOW + widest),
-            # QI, QM1, QM1x, QMM (and QB, see ml_segments) packed along the columns (one segment of L + 1 each); the
+            # QI, QM1, QM1x, QMM (and QB, see ml_segments) packed along the columns, a segment of L + 1 each; the
             # cell (i, i+w) at row w + 2, so that a diagonal's reads (widths d-2, d-1) never clamp.
             "ML": blank(length + 2, len(self.ml_segments) * (length + 1)),
             "QM1r": blank(length + widest + 2, length + widest + 1),  # QM1[j-w][j] at [L - w, j]
@@ -529,11 +529,12 @@ class TurnerGrammar:
             **cell, **window,
             "qm_left": View("QMc", lo, 0, rows, width),  # QM[i][i+m-1], m = lo ..
             "qm1_right": View("QM1r", length - d + lo, d, rows, width),  # QM1[i+m][j]
-            "ml": View("ML", d, 0, 2, len(self.ml_segments) * (length + 1)),  # widths d-2, d-1 of QI QM1 QM1x QMM
+            # widths d-2, d-1 of QI, QM1, QM1x, QMM (and QB without lonely pairs)
+            "ml": View("ML", d, 0, 2, len(self.ml_segments) * (length + 1)),
             # The exterior loop at end position d: stems (k, d) for k = 1 .. rows + 1 (k = 0 is
             # this diagonal's own cell), and the prefixes F5[k - 1] before them.
             "f5_prev": View("F5", 0, 1, 1, stems),  # F5[k - 1], k = 1 ..
-            "stem_qb": View("QBr", length - d + 1, d + WINDOW, stems, 1),  # QB[k][d]
+            "stem_qb": View("QBr", length - d + 1, d + WINDOW, stems, 1),  # QB[k][d] (QS without lonely pairs)
             "stem_ext": View("ext_r", length - d + 1, d + WINDOW, stems, 1),
             "f5_last": View("F5", 0, d, 1, 1),  # F5[d - 1]
         }

@@ -55,6 +55,7 @@ from flax import nnx
 
 from foldax.layers.alphabet import NUM_TOKENS
 from foldax.layers.chart import DEFAULT_NUM_CHUNKS
+from foldax.layers.energy_params import KT
 from foldax.layers.nnx_layer import InsideLayer, LinenInsideLayer
 
 __all__ = ["StackingModel", "NeuralPhiModel", "PairEncoder", "LinenNeuralPhiModel", "TurnerModel",
@@ -241,6 +242,10 @@ class TurnerModel(nnx.Module):
       min_hairpin, num_chunks, param_dtype: of the inside layer.
     """
 
+    #: Its log-weights are ``-E(s)/kT``: ``foldax fold --params WORKDIR`` prints kcal/mol, as for its
+    #: exported tables (see :mod:`foldax.fold`).
+    energy_kT = KT
+
     def __init__(self, *, params: Mapping | str = "turner2004", prior_strength: float = 0.0,
                  prior_mean: Mapping | str | None = None, min_hairpin: int = 3,
                  num_chunks: int | None = DEFAULT_NUM_CHUNKS, param_dtype=jnp.float32):
@@ -287,6 +292,8 @@ class TurnerNeuralModel(_EncoderScores, TurnerModel):
     encoder's ``features``, ``kernel_size``, ``num_layers``, ``pair_features``. The prior covers the
     tables; the encoder is regularised by ``optimizer.l2`` (:func:`foldax.model.loss.l2_penalty`).
     """
+
+    energy_kT = None  # phi adds log-weights that are no free energy: its structures print as scores
 
     def __init__(self, *, rngs: nnx.Rngs, features: int = 32, kernel_size: int = 9, num_layers: int = 2,
                  pair_features: int = 16, **kwargs):

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from foldax import layers  # noqa: E402
-from foldax.layers.dotbracket import from_dot_bracket  # noqa: E402
+from foldax.layers.dotbracket import from_dot_bracket, lonely_pairs  # noqa: E402
 from foldax.model import cll_loss, cll_step, l2_penalty  # noqa: E402
 from foldax.model.models import TurnerModel, TurnerNeuralModel, create_model, grammar_of  # noqa: E402
 from foldax.train import datasets  # noqa: E402
@@ -177,6 +177,7 @@ def test_create_model_turner_variants(tmp_path):
     cfg.name = "turner_neural"
     neural = create_model(cfg, nnx.Rngs(0))
     assert isinstance(neural, TurnerNeuralModel)
+    assert model.energy_kT == layers.KT and neural.energy_kT is None  # phi's log-weights are no energies
     tokens, lengths = layers.encode_batch(["GGGAAACCC", "ACGUACGUAC"], buckets=None)
     params, phi = neural.scores(tokens, lengths)
     assert phi.shape == (2, 10, 10) and float(jnp.abs(phi).max()) == 0.0  # starts as the Turner model
@@ -574,6 +575,20 @@ def test_turner_config_trains_resumes_exactly_and_exports(tmp_path):
     assert np.asarray(model.inside.stack[...]).tobytes() == np.asarray(tables["stack"]).tobytes()
     metrics = trainer.evaluate_checkpoint(str(straight), split="valid")
     assert metrics["n_seqs"] > 0 and np.isfinite(metrics["ll_per_nt"])
+
+    # foldax fold --params WORKDIR: the trained tables, in kcal/mol as from the exported file; --noLP too
+    from foldax import fold as F
+
+    folder = F.load_model(str(straight), checkpoint="latest")
+    assert folder.energy_kT == layers.KT and layers.is_energy_params(folder.params)
+    record = F.InputRecord("r", "GGGACGUAAGUCCAAAGGACGUAAGUCC")
+    [result] = F.fold_records(folder, [record], no_lonely_pairs=True)
+    assert result.is_energy and lonely_pairs(result.structure) == []
+    assert result.energy == pytest.approx(float(layers.free_energy(tables, layers.encode(record.sequence),
+                                                                   result.structure)), abs=1e-4)
+    [exported] = F.fold_records(F.load_model(str(tmp_path / "exported.json")), [record], no_lonely_pairs=True)
+    assert exported.energy == pytest.approx(result.energy, abs=1e-5)
+    np.testing.assert_array_equal(exported.structure, result.structure)
 
 
 def one_step(out: str) -> None:
