@@ -163,10 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a pair (i, j) needs j - i > N (default: the model's, 3)")
     fold.add_argument("--noLP", dest="no_lonely_pairs", action="store_true",
                       help="no lonely pairs (helices of one pair), as RNAfold --noLP; energy parameters only. "
-                           "The MFE structure is RNAfold's; with -p the ensemble is exactly the structures "
-                           "without lonely pairs (RNAfold's -p only drops pairs that cannot stack at all, so "
-                           "its ensemble free energy is slightly lower). --mea and the centroid decode the "
-                           "pair probabilities and may hold lonely pairs, as RNAfold's do")
+                           "The MFE structure is RNAfold's; so are -p's numbers: RNAfold's ensemble only drops "
+                           "the pairs that can only occur isolated (see --noLP-exact). --mea and the centroid "
+                           "decode the pair probabilities and may hold lonely pairs, as RNAfold's do")
+    fold.add_argument("--noLP-exact", dest="no_lp_exact", action="store_true",
+                      help="--noLP, and -p's ensemble is exactly the structures without lonely pairs (its "
+                           "ensemble free energy is higher than RNAfold's -p --noLP)")
     fold.add_argument("--format", choices=("dbn", "bpseq", "ct"), default="dbn", help="output format (default dbn)")
     fold.add_argument("-o", "--prefix", metavar="PREFIX",
                       help="also write one file per record: PREFIX<id>.<format> (PREFIX may be a directory 'dir/')")
@@ -350,7 +352,8 @@ def run_fold(args, *, own_process: bool = False) -> int:
         return 1
     for note in model.notes:
         _err(note)
-    if args.no_lonely_pairs and not is_energy_params(model.params):
+    no_lonely_pairs = args.no_lonely_pairs or args.no_lp_exact
+    if no_lonely_pairs and not is_energy_params(model.params):
         _err("error: --noLP needs energy parameters (e.g. --params turner2004); the stacking grammar has no "
              "such option")
         return 2
@@ -366,7 +369,9 @@ def run_fold(args, *, own_process: bool = False) -> int:
             block = records[start:start + block_size]
             results = F.fold_records(model, block, mea=args.mea, gamma=gamma, partition=args.partition,
                                      probs=want_probs, min_hairpin=args.min_hairpin,
-                                     no_lonely_pairs=args.no_lonely_pairs, batch_size=args.batch_size,
+                                     no_lonely_pairs=no_lonely_pairs,
+                                     no_lp_ensemble="exact" if args.no_lp_exact else "rnafold",
+                                     batch_size=args.batch_size,
                                      programs=programs, progress=bar.update)
             bar.clear()  # the bar and the printed results share the terminal
             plotted += _write_results(args, results, stems[start:start + block_size], decoder,

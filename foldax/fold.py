@@ -569,8 +569,8 @@ def batches(records: Sequence[InputRecord], *, batch_size: int | None = None, ma
 
 def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, gamma: float | None = None,
                  partition: bool = False, probs: bool = False, min_hairpin: int | None = None,
-                 no_lonely_pairs: bool = False, batch_size: int | None = None, max_cells: int | None = None,
-                 programs=None, progress=None) -> list[FoldResult]:
+                 no_lonely_pairs: bool = False, no_lp_ensemble: str = "rnafold", batch_size: int | None = None,
+                 max_cells: int | None = None, programs=None, progress=None) -> list[FoldResult]:
     """Folds ``records`` in length buckets (:func:`batches`); results in input order.
 
     ``model``: a :class:`FoldModel` (its ``phi_fn``, if any, scores every batch), or
@@ -578,8 +578,10 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
     (:func:`foldax.layers.mea_structure` with ``gamma``, default the model's ``mea_gamma``) instead
     of the best-scoring one. ``partition``: also log Z (and, for an energy model, RNAfold's centroid structure).
     ``probs``: also keep each record's ``[n, n]`` pair probabilities. ``min_hairpin``:
-    default the model's. ``no_lonely_pairs``: RNAfold's ``--noLP`` (energy parameters only; see
-    :func:`foldax.layers.log_partition`). ``batch_size``: at most this many sequences per batched call (default: by
+    default the model's. ``no_lonely_pairs``: RNAfold's ``--noLP`` (energy parameters only): an MFE
+    structure without lonely pairs, and log Z and pair probabilities over RNAfold's ensemble
+    (``no_lp_ensemble="rnafold"``) or the exact one (``"exact"``; see
+    :class:`foldax.programs.Request`). ``batch_size``: at most this many sequences per batched call (default: by
     length, ``max_cells`` cells; that default is :data:`DEFAULT_MAX_CELLS`, or for energy parameters
     :data:`ENERGY_CELLS_PER_DEVICE` per local device, each call a multiple of the device count).
     ``programs``: a :class:`foldax.programs.FoldPrograms` (default: a new one, in memory);
@@ -599,7 +601,7 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
     request = Request(decoder="mea" if mea else "mfe", partition=partition, probs=probs,
                       centroid=model.energy_kT is not None and partition, energy=layers.is_energy_params(params),
                       min_hairpin=model.min_hairpin if min_hairpin is None else min_hairpin,
-                      no_lonely_pairs=bool(no_lonely_pairs))
+                      no_lonely_pairs=bool(no_lonely_pairs), no_lp_ensemble=no_lp_ensemble)
     results: list[FoldResult | None] = [None] * len(records)
     multiple = jax.local_device_count() if request.energy else 1
     if max_cells is None:

@@ -72,8 +72,11 @@ class Request:
     and its score (energy models with ``-p``). ``energy``: the parameters are Turner
     energy tables; also the free energies of the structures (:func:`fold_batch`).
     ``min_hairpin``, ``no_lonely_pairs`` and ``num_chunks`` (None: automatic): as in
-    :mod:`foldax.layers` (without lonely pairs the MEA and centroid structures, decoded
-    from the pair probabilities as RNAfold's are, may still hold some).
+    :mod:`foldax.layers`. ``no_lp_ensemble`` (with ``no_lonely_pairs``): the ensemble that
+    log Z and the pair probabilities sum over, ``"rnafold"`` (RNAfold's ``-p --noLP``: only the
+    pairs of :func:`foldax.layers.isolated_pairs` left out) or ``"exact"`` (no structure with a
+    lonely pair). The MFE structure has no lonely pair either way; the MEA and centroid
+    structures, decoded from the pair probabilities as RNAfold's are, may hold some.
     """
 
     decoder: str = "mfe"
@@ -84,10 +87,19 @@ class Request:
     min_hairpin: int = 3
     num_chunks: int | None = None
     no_lonely_pairs: bool = False
+    no_lp_ensemble: str = "rnafold"
 
     def __post_init__(self):
         if self.decoder not in ("mfe", "mea"):
             raise ValueError(f"decoder must be 'mfe' or 'mea', got {self.decoder!r}")
+        if self.no_lp_ensemble not in ("rnafold", "exact"):
+            raise ValueError(f"no_lp_ensemble must be 'rnafold' or 'exact', got {self.no_lp_ensemble!r}")
+
+    @property
+    def exact_no_lp_ensemble(self) -> bool:
+        """The log-semiring passes run the grammar without lonely pairs (else, with
+        ``no_lonely_pairs``, the default grammar with the isolated pairs forbidden)."""
+        return self.no_lonely_pairs and self.no_lp_ensemble == "exact"
 
     @property
     def needs_probs(self) -> bool:
@@ -120,7 +132,7 @@ def _valid_square(lengths, length):
     return valid[:, :, None] & valid[:, None, :]
 
 
-def _value_and_pair_gradient(value_fn, params, tokens, lengths, phi, request):
+def _value_and_pair_gradient(value_fn, params, tokens, lengths, phi, request, no_lonely_pairs):
     """``(value [B], d value / d phi)`` symmetrised and masked to the sequences: for the log
     semiring the pair probabilities, for the max semiring the best structure's 0/1 pairs."""
     import jax
@@ -128,7 +140,7 @@ def _value_and_pair_gradient(value_fn, params, tokens, lengths, phi, request):
 
     def total(f):
         values = value_fn(params, tokens, lengths, phi=f, min_hairpin=request.min_hairpin,
-                          num_chunks=request.num_chunks, no_lonely_pairs=request.no_lonely_pairs)
+                          num_chunks=request.num_chunks, no_lonely_pairs=no_lonely_pairs)
         return jnp.sum(values), values
 
     (_, values), grad = jax.value_and_grad(total, has_aux=True)(phi)
@@ -166,17 +178,25 @@ def fold_batch(params, tokens, lengths, phi, gamma, *, request: Request) -> dict
     dtype = jnp.result_type(*jax.tree.leaves(params))
     pair_phi = jnp.zeros(tokens.shape + tokens.shape[-1:], dtype) if phi is None else phi.astype(dtype)
     out = {}
+    # The ensemble of log Z and the pair probabilities (see Request.no_lp_ensemble).
+    ensemble_phi = pair_phi
+    if request.no_lonely_pairs and not request.exact_no_lp_ensemble:
+        isolated = layers.isolated_pairs(tokens, lengths, min_hairpin=h)
+        ensemble_phi = jnp.where(isolated, jnp.asarray(layers.FORBIDDEN_PHI, dtype), pair_phi)
+    exact = request.exact_no_lp_ensemble
     if request.needs_probs:
-        log_z, probs = _value_and_pair_gradient(layers.log_partition, params, tokens, lengths, pair_phi, request)
+        log_z, probs = _value_and_pair_gradient(layers.log_partition, params, tokens, lengths, ensemble_phi, request,
+                                                exact)
         if request.partition:
             out["log_z"] = log_z
         if request.probs:
             out["probs"] = probs
     elif request.partition:  # log Z alone: no outside pass
-        out["log_z"] = layers.log_partition(params, tokens, lengths, phi=phi, min_hairpin=h, num_chunks=chunks,
-                                            no_lonely_pairs=request.no_lonely_pairs)
+        out["log_z"] = layers.log_partition(params, tokens, lengths, phi=ensemble_phi, min_hairpin=h,
+                                            num_chunks=chunks, no_lonely_pairs=exact)
     if request.decoder == "mfe":
-        best, indicator = _value_and_pair_gradient(layers.max_score, params, tokens, lengths, pair_phi, request)
+        best, indicator = _value_and_pair_gradient(layers.max_score, params, tokens, lengths, pair_phi, request,
+                                                   request.no_lonely_pairs)
         out["structure"], out["score"] = _table_of(indicator, lengths, 0.5), best
     else:
         out["structure"] = layers.mea_structure(probs, lengths, gamma=gamma, min_hairpin=h, num_chunks=chunks)

@@ -6,7 +6,7 @@ from foldax.layers.decoding import best_structure, mea_structure, pair_probs, sa
 from foldax.layers.devices import use_all_cores
 from foldax.layers.dotbracket import from_dot_bracket, to_dot_bracket
 from foldax.layers.energy_params import KT, load_parameter_file, save_parameter_file, turner2004
-from foldax.layers.free_energy import ensemble_free_energy, free_energy
+from foldax.layers.free_energy import FORBIDDEN_PHI, ensemble_free_energy, free_energy, isolated_pairs
 from foldax.layers.inside import check_params, is_energy_params, log_partition, max_score
 from foldax.layers.params import default_params, init_params
 from foldax.layers.params_io import load_params, read_provenance, save_params
@@ -38,6 +38,8 @@ __all__ = [
     "save_parameter_file",
     "free_energy",
     "ensemble_free_energy",
+    "isolated_pairs",
+    "FORBIDDEN_PHI",
     "from_dot_bracket",
     "to_dot_bracket",
     "structure_score",

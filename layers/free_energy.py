@@ -4,6 +4,7 @@ r"""Free energies under the Turner 2004 model: of a structure, and of the ensemb
   computes it (integer 0.01 kcal/mol arithmetic, large hairpins truncated);
 * :func:`ensemble_free_energy` -- ``G = -kT log Z``, ViennaRNA's ``fc.pf()`` (with
   ``md.pf_smooth = 0``);
+* :func:`isolated_pairs` -- the pairs that RNAfold's ``-p --noLP`` leaves out of its ensemble;
 * :func:`turner_structure_score` -- the log-weight ``-E_pf(s)/kT + SUM phi`` that
   ``layers.structure_score`` returns for Turner parameters (``E_pf`` is the energy the partition
   function gives the structure, so ``log_prob = structure_score - log Z`` is a proper log
@@ -117,11 +118,41 @@ def ensemble_free_energy(params, tokens, lengths=None, *, phi=None, min_hairpin=
     like ViennaRNA's soft constraint ``fc.sc_add_bp(i + 1, j + 1, -kT phi[i, j])``).
     ``no_lonely_pairs=True`` gives the ensemble of structures without lonely pairs exactly;
     ViennaRNA's ``md.noLP = 1`` partition function only removes the pairs that cannot
-    stack at all, so it also counts some lonely pairs and is lower (more negative).
+    stack at all (:func:`isolated_pairs`), so it also counts some lonely pairs and is lower.
     """
     _require_energy_params(params, "ensemble_free_energy")
     return -KT * log_partition(params, tokens, lengths, phi=phi, min_hairpin=min_hairpin, num_chunks=num_chunks,
                                no_lonely_pairs=no_lonely_pairs)
+
+
+#: A ``phi`` that removes a pair from the ensemble: its weight ``e^-10000`` is 0 in float32 and float64.
+FORBIDDEN_PHI = -1e4
+
+
+def isolated_pairs(tokens, lengths=None, *, min_hairpin=3):
+    """The pairs that can only occur as lonely pairs: ``(i, j)`` can pair, and neither
+    ``(i + 1, j - 1)`` nor ``(i - 1, j + 1)`` can (a canonical pair ``AU GC GU`` with
+    ``j - i > min_hairpin``, inside the sequence). ``[n, n]`` bool (or ``[B, L, L]``), upper triangle.
+
+    RNAfold's ``-p --noLP`` (ViennaRNA's partition function with ``md.noLP = 1``) removes exactly
+    these pairs, so other lonely pairs stay in its ensemble; its MFE has none. With the default
+    grammar, ``phi = where(isolated_pairs(x), FORBIDDEN_PHI, 0)`` gives its partition function and
+    pair probabilities; ``no_lonely_pairs=True`` gives the exact ensemble without lonely pairs.
+
+    >>> from foldax import layers
+    >>> x = layers.encode("GGGAAAACCC")
+    >>> [(int(i), int(j)) for i, j in zip(*np.nonzero(np.asarray(isolated_pairs(x))))]
+    [(0, 7), (2, 9)]
+    """
+    tokens, lengths, _, batched = _check_inputs(tokens, lengths, None, min_hairpin)
+    idx = jnp.arange(tokens.shape[1])
+    inside = idx[None, :] < lengths[:, None]
+    can = ((jnp.asarray(PAIR_INDEX)[tokens[:, :, None], tokens[:, None, :]] >= 0)
+           & (idx[None, None, :] - idx[None, :, None] > min_hairpin) & inside[:, :, None] & inside[:, None, :])
+    padded = jnp.pad(can, ((0, 0), (1, 1), (1, 1)))  # can[i, j] at [i + 1, j + 1]; False outside
+    stackable = padded[:, 2:, :-2] | padded[:, :-2, 2:]  # can[i + 1, j - 1] | can[i - 1, j + 1]
+    out = can & ~stackable
+    return out if batched else out[0]
 
 
 def turner_structure_score(params, tokens, pair_table, lengths, phi, min_hairpin):

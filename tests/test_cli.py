@@ -767,10 +767,11 @@ def test_progress_bar_on_a_terminal_only(capsys, monkeypatch, fasta):
 # --------------------------------------------------------------------------- #
 
 
-def vienna_fold(RNA, seq):
-    """RNAfold -p's numbers for ``seq`` (ViennaRNA's Python API, md.pf_smooth = 0 as in foldax)."""
+def vienna_fold(RNA, seq, *, no_lp=False):
+    """RNAfold -p's numbers for ``seq`` (ViennaRNA's Python API, md.pf_smooth = 0 as in foldax;
+    ``no_lp``: RNAfold --noLP)."""
     md = RNA.md()
-    md.pf_smooth, md.uniq_ML = 0, 1
+    md.pf_smooth, md.uniq_ML, md.noLP = 0, 1, int(no_lp)
     fc = RNA.fold_compound(seq, md)
     structure, mfe = fc.mfe()
     fc.exp_params_rescale(mfe)
@@ -779,6 +780,18 @@ def vienna_fold(RNA, seq):
     return dict(structure=structure, mfe=mfe, pseudo=pseudo, ensemble=ensemble, centroid=centroid,
                 centroid_energy=fc.eval_structure(centroid), distance=distance, frequency=fc.pr_energy(mfe),
                 diversity=fc.mean_bp_distance(), fc=fc)
+
+
+def assert_rnafold_lines(lines, want):
+    """``foldax fold -p``'s four lines after the sequence are RNAfold -p's (``want``: vienna_fold)."""
+    mfe, ensemble, centroid, frequency = lines
+    assert mfe == f"{want['structure']} ({want['mfe']:6.2f})"  # RNAfold's line, to the letter
+    pseudo, g = re.fullmatch(r"(\S+) \[\s*(-?\d+\.\d\d)\]", ensemble).groups()
+    assert pseudo == want["pseudo"] and abs(float(g) - want["ensemble"]) <= 0.005 + 1e-4
+    assert centroid == f"{want['centroid']} {{{want['centroid_energy']:6.2f} d={want['distance']:.2f}}}"
+    p, d = re.fullmatch(r" frequency of mfe structure in ensemble (\S+); ensemble diversity (\S+)\s*", frequency
+                        ).groups()
+    assert float(p) == pytest.approx(want["frequency"], rel=1e-4) and abs(float(d) - want["diversity"]) <= 0.006
 
 
 @pytest.mark.slow
@@ -793,16 +806,8 @@ def test_turner_model_prints_rnafold_numbers(capsys, tmp_path, fasta):
     lines = out.splitlines()
     assert len(lines) == 6 * len(RECORDS)
     for k, (rid, seq) in enumerate(RECORDS.items()):
-        want = vienna_fold(RNA, seq)
-        header, sequence, mfe, ensemble, centroid, frequency = lines[6 * k:6 * k + 6]
-        assert (header.split()[0], sequence) == (f">{rid}", seq)
-        assert mfe == f"{want['structure']} ({want['mfe']:6.2f})"  # RNAfold's line, to the letter
-        pseudo, g = re.fullmatch(r"(\S+) \[\s*(-?\d+\.\d\d)\]", ensemble).groups()
-        assert pseudo == want["pseudo"] and abs(float(g) - want["ensemble"]) <= 0.005 + 1e-4
-        assert centroid == f"{want['centroid']} {{{want['centroid_energy']:6.2f} d={want['distance']:.2f}}}"
-        p, d = re.fullmatch(r" frequency of mfe structure in ensemble (\S+); ensemble diversity (\S+)\s*", frequency
-                            ).groups()
-        assert float(p) == pytest.approx(want["frequency"], rel=1e-4) and abs(float(d) - want["diversity"]) <= 0.006
+        assert lines[6 * k].split()[0] == f">{rid}" and lines[6 * k + 1] == seq
+        assert_rnafold_lines(lines[6 * k + 2:6 * k + 6], vienna_fold(RNA, seq))
     # the same energies from a ViennaRNA .par file; MEA structures are evaluated like RNAfold's eval_structure
     par = tmp_path / "turner.par"
     layers.save_parameter_file(layers.turner2004(), par)

@@ -12,12 +12,14 @@ page says so), which a test below checks, so the ensemble free energies differ o
 from __future__ import annotations
 
 import random
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy.special import logsumexp
+from test_cli import assert_rnafold_lines, vienna_fold
 from test_turner import padded, random_sequence, sample_fit, vienna_structure_weights
 from vienna_helpers import CANONICAL, vienna_log_q, vienna_md, vienna_rna_sequence
 
@@ -151,20 +153,21 @@ def test_gradients_are_finite_and_expected_counts(batch, turner64):
 
 def test_viennas_no_lp_partition_function_only_drops_pairs_that_cannot_stack(RNA, batch, turner64):
     """Why ensemble_free_energy(no_lonely_pairs=True) differs from ViennaRNA's md.noLP = 1 pf: its pf
-    equals ours without the option, with every pair that has no pairable neighbour forbidden."""
+    and pair probabilities equal ours without the option, with layers.isolated_pairs forbidden."""
     seqs, tokens, lengths, _, ensembles = batch
-    forbid = np.zeros((BATCH, WIDTH, WIDTH))
-    for b, seq in enumerate(seqs):
+    isolated = np.asarray(layers.isolated_pairs(tokens, lengths))
+    for b, seq in enumerate(seqs):  # the rule, written out
         s, n = vienna_rna_sequence(seq), len(seq)
 
         def can_pair(i, j):
             return 0 <= i and j < n and j - i > 3 and s[i] + s[j] in CANONICAL
 
-        for i in range(n):
-            for j in range(i + 4, n):
-                if not (can_pair(i + 1, j - 1) or can_pair(i - 1, j + 1)):
-                    forbid[b, i, j] = -1e4
+        want = [[can_pair(i, j) and not (can_pair(i + 1, j - 1) or can_pair(i - 1, j + 1)) for j in range(WIDTH)]
+                for i in range(WIDTH)]
+        np.testing.assert_array_equal(isolated[b], np.array(want))
+    forbid = np.where(isolated, layers.FORBIDDEN_PHI, 0.0)
     ours = np.asarray(layers.log_partition(turner64, tokens, lengths, phi=forbid))
+    ours_probs = np.asarray(layers.pair_probs(turner64, tokens, lengths, phi=forbid))
     exact = np.asarray(layers.log_partition(turner64, tokens, lengths, phi=np.zeros_like(forbid),
                                             no_lonely_pairs=True))
     differ = 0
@@ -174,6 +177,8 @@ def test_viennas_no_lp_partition_function_only_drops_pairs_that_cannot_stack(RNA
         fc = RNA.fold_compound(vienna_rna_sequence(seq), md)
         fc.pf()
         assert ours[b] == pytest.approx(vienna_log_q(fc), rel=1e-9, abs=1e-9), seq
+        n = len(seq)
+        np.testing.assert_allclose(np.triu(ours_probs[b, :n, :n], 1), np.array(fc.bpp())[1:, 1:], atol=1e-9)
         assert exact[b] <= ours[b] + 1e-12
         differ += exact[b] < ours[b] - 1e-6
     assert differ >= 2
@@ -232,8 +237,19 @@ def test_fold_command_no_lp(RNA, capsys):
     assert main(["fold", "--noLP", seq]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[2] == f"{structure} ({mfe:6.2f})"
-    assert main(["fold", "--noLP", "--params", "handset", seq]) == 2
-    assert "--noLP needs energy parameters" in capsys.readouterr().err
+    # -p: RNAfold -p --noLP's lines and numbers (its ensemble), or with --noLP-exact the exact ensemble
+    want = vienna_fold(RNA, seq, no_lp=True)
+    assert main(["fold", "-p", "--noLP", seq]) == 0
+    assert_rnafold_lines(capsys.readouterr().out.splitlines()[2:], want)
+    assert main(["fold", "-p", "--noLP-exact", seq]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2] == f"{structure} ({mfe:6.2f})"
+    exact = float(layers.ensemble_free_energy(layers.turner2004(), layers.encode(seq), no_lonely_pairs=True))
+    g = float(re.fullmatch(r"\S+ \[\s*(-?\d+\.\d\d)\]", out[3]).group(1))
+    assert abs(g - exact) <= 0.005 + 1e-4 and g > want["ensemble"] + 0.01
+    for flag in ("--noLP", "--noLP-exact"):
+        assert main(["fold", flag, "--params", "handset", seq]) == 2
+        assert "--noLP needs energy parameters" in capsys.readouterr().err
 
 
 @pytest.mark.slow
