@@ -51,6 +51,7 @@ import numpy as np
 
 from foldax import layers
 from foldax.layers.dotbracket import StructureError, from_dot_bracket, pairs_from_table, to_dot_bracket
+from foldax.layers.inside import check_no_lonely_pairs
 
 #: Formats read with :mod:`foldax.data.formats` (everything else is read as FASTA-like text).
 STRUCTURED_EXTENSIONS = {".bpseq": "bpseq", ".ct": "ct", ".tsv": "tsv"}
@@ -595,13 +596,11 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
     programs = FoldPrograms(None) if programs is None else programs
     gamma = model.mea_gamma if gamma is None else gamma
     params = jax.tree.map(np.asarray, layers.check_params(model.params))
-    if no_lonely_pairs and not layers.is_energy_params(params):
-        raise ValueError("no_lonely_pairs (--noLP) needs energy parameters (Turner tables, e.g. turner2004); "
-                         "the stacking grammar has no such option")
+    no_lonely_pairs = check_no_lonely_pairs(params, no_lonely_pairs)
     request = Request(decoder="mea" if mea else "mfe", partition=partition, probs=probs,
                       centroid=model.energy_kT is not None and partition, energy=layers.is_energy_params(params),
                       min_hairpin=model.min_hairpin if min_hairpin is None else min_hairpin,
-                      no_lonely_pairs=bool(no_lonely_pairs), no_lp_ensemble=no_lp_ensemble)
+                      no_lonely_pairs=no_lonely_pairs, no_lp_ensemble=no_lp_ensemble)
     results: list[FoldResult | None] = [None] * len(records)
     multiple = jax.local_device_count() if request.energy else 1
     if max_cells is None:

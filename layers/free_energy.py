@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from foldax.layers.dotbracket import StructureError, from_dot_bracket
-from foldax.layers.energy import loop_energy
+from foldax.layers.energy import _pair_type, loop_energy
 from foldax.layers.energy_params import KT, PAIR_INDEX
 from foldax.layers.inside import _check_inputs, _is_concrete, check_params, is_energy_params, log_partition
 
@@ -147,7 +147,7 @@ def isolated_pairs(tokens, lengths=None, *, min_hairpin=3):
     tokens, lengths, _, batched = _check_inputs(tokens, lengths, None, min_hairpin)
     idx = jnp.arange(tokens.shape[1])
     inside = idx[None, :] < lengths[:, None]
-    can = ((jnp.asarray(PAIR_INDEX)[tokens[:, :, None], tokens[:, None, :]] >= 0)
+    can = ((_pair_type(tokens[:, :, None], tokens[:, None, :]) >= 0)
            & (idx[None, None, :] - idx[None, :, None] > min_hairpin) & inside[:, :, None] & inside[:, None, :])
     padded = jnp.pad(can, ((0, 0), (1, 1), (1, 1)))  # can[i, j] at [i + 1, j + 1]; False outside
     stackable = padded[:, 2:, :-2] | padded[:, :-2, 2:]  # can[i + 1, j - 1] | can[i - 1, j + 1]

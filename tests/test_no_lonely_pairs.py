@@ -25,7 +25,7 @@ from vienna_helpers import CANONICAL, vienna_log_q, vienna_md, vienna_rna_sequen
 
 from foldax import layers
 from foldax.cli import main
-from foldax.layers.dotbracket import StructureError, lonely_pairs
+from foldax.layers.dotbracket import StructureError, lonely_pairs, table_from_pairs
 
 jax.config.update("jax_enable_x64", True)
 
@@ -45,15 +45,8 @@ def turner64():
     return layers.turner2004(jnp.float64)
 
 
-def table(pairs, n):
-    pt = np.full(n, -1, np.int32)
-    for i, j in pairs:
-        pt[i], pt[j] = j, i
-    return pt
-
-
 def without_lonely_pairs(structures, weights, n):
-    keep = [k for k, s in enumerate(structures) if not lonely_pairs(table(s, n))]
+    keep = [k for k, s in enumerate(structures) if not lonely_pairs(table_from_pairs(s, n))]
     return [structures[k] for k in keep], weights[keep]
 
 
@@ -119,7 +112,7 @@ def test_log_prob_and_structures_with_lonely_pairs(batch, turner64):
     structures, weights = ensembles[b]
     top = int(np.argmax(weights))
     pt = np.full((BATCH, WIDTH), -1, np.int32)
-    pt[b, :n] = table(structures[top], n)
+    pt[b, :n] = table_from_pairs(structures[top], n)
     got = np.asarray(layers.log_prob(turner64, tokens, pt, lengths, phi=phi, no_lonely_pairs=True))
     assert got[b] == pytest.approx(weights[top] - logsumexp(weights), abs=1e-9)
 
@@ -127,7 +120,7 @@ def test_log_prob_and_structures_with_lonely_pairs(batch, turner64):
     pair = next((i, j) for i in range(n) for j in range(i + 4, n)
                 if vienna_rna_sequence(seqs[b])[i] + vienna_rna_sequence(seqs[b])[j] in CANONICAL)
     single = np.full((BATCH, WIDTH), -1, np.int32)
-    single[b, :n] = table([pair], n)
+    single[b, :n] = table_from_pairs([pair], n)
     with pytest.raises(StructureError, match=rf"sequence {b} .*pair \({pair[0]}, {pair[1]}\) is a lonely pair"):
         layers.log_prob(turner64, tokens, single, lengths, phi=phi, no_lonely_pairs=True)
     jitted = jax.jit(lambda t: layers.log_prob(turner64, tokens, t, lengths, phi=phi, no_lonely_pairs=True))
@@ -283,3 +276,31 @@ def test_long_sequences_and_samples(RNA):
         structures, weights = without_lonely_pairs(*vienna_structure_weights(RNA, seq), n)
         p_value, bins = sample_fit(samples[b], n, structures, 0.3 * weights)  # fails on a lonely pair
         assert bins >= 40 and p_value > 1e-3, (seq, p_value, bins)
+
+
+@pytest.mark.slow
+def test_realistic_lengths_as_foldax_fold_runs_them(RNA):
+    """180 and 300 nt (two length buckets), float32, through foldax fold's jitted programs: the MFE
+    is ViennaRNA's noLP MFE, RNAfold's -p --noLP ensemble free energy and pair probabilities are
+    ViennaRNA's; the exact ensemble's log Z agrees between float32 and float64 and lies below
+    RNAfold's."""
+    from foldax import fold as F
+
+    rng = random.Random(37)
+    seqs = [random_sequence(rng, n) for n in (180, 300)]
+    records = [F.InputRecord(f"r{k}", s) for k, s in enumerate(seqs)]
+    results = F.fold_records(layers.turner2004(), records, partition=True, probs=True, no_lonely_pairs=True)
+    for seq, result in zip(seqs, results, strict=True):
+        md = vienna_md(RNA)
+        md.noLP = 1
+        fc = RNA.fold_compound(seq, md)
+        _, mfe = fc.mfe()
+        fc.exp_params_rescale(mfe)
+        fc.pf()
+        assert result.energy == pytest.approx(mfe, abs=1e-4) and lonely_pairs(result.structure) == []
+        assert result.log_z == pytest.approx(vienna_log_q(fc), rel=1e-4)
+        np.testing.assert_allclose(np.triu(result.probs, 1), np.array(fc.bpp())[1:, 1:], atol=1e-3)
+        x = layers.encode(seq)
+        exact64 = float(layers.log_partition(layers.turner2004(jnp.float64), x, no_lonely_pairs=True))
+        exact32 = float(layers.log_partition(layers.turner2004(jnp.float32), x, no_lonely_pairs=True))
+        assert exact32 == pytest.approx(exact64, rel=1e-5) and exact64 < vienna_log_q(fc) - 0.1
