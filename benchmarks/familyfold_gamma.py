@@ -10,6 +10,10 @@ pair probabilities of every Turner 2004 energy multiplied by the scale (the ense
 on the other families in the same way. Beside it: the Turner 2004 best structure (the MFE, RNAfold's structure up to
 energy ties) and RNAfold on the same sequences.
 
+With ``--mixture turner1999`` the MEA decoders at scale 1 read the mean of Turner 2004's and
+Turner 1999's pair probabilities (:func:`foldax.layers.mixture_pair_probs`; ``foldax fold --params
+turner2004+turner1999 --mea``), computed by foldax itself.
+
 The sequences are what ``foldax familyfold`` evaluates for a family (``configs/turner.py``'s data
 filter, its ``test`` split at ``data.fold = family``, up to ``--max-length`` nt). Pair probabilities
 are computed once per sequence (``layers.pair_probs``, float32, batches by length bucket split over
@@ -95,6 +99,9 @@ def main(argv=None) -> int:
     parser.add_argument("--gammas", default=",".join(map(str, GAMMAS)))
     parser.add_argument("--energy-scales", default="1", help="comma-separated factors of every energy (the "
                         "ensemble at kT / scale); each is one more pair-probability pass per sequence")
+    parser.add_argument("--mixture", default="", help="comma-separated shipped parameter sets (e.g. turner1999) "
+                        "whose pair probabilities are averaged with Turner 2004's (layers.mixture_pair_probs, "
+                        "uniform) for the MEA decoders at scale 1: foldax fold --params turner2004+NAME --mea")
     parser.add_argument("--families", default="", help="comma-separated codes (default: all ten)")
     parser.add_argument("--rnafold-cache", default="", help="a foldax RNAfold cache file (JSON lines)")
     parser.add_argument("--dump", default="", help="a folder: per family, an .npz of every sequence's length, "
@@ -121,6 +128,7 @@ def main(argv=None) -> int:
         parser.error("--families needs at least two families: gamma is chosen on the ones not held out")
     params = layers.load_params("turner2004")
     scaled = {s: jax.tree.map(lambda e, s=s: e * s, params) for s in scales}
+    mixed = [layers.load_params(name) for name in args.mixture.split(",") if name]
     RNA = _load_rnafold()
     cache = RnafoldCache(args.rnafold_cache or None, RNA) if RNA is not None else None
     buckets = tuple(b for b in (*layers.DEFAULT_BUCKETS, args.max_length) if b <= args.max_length)
@@ -128,7 +136,8 @@ def main(argv=None) -> int:
     per_family: dict = {}
     if Path(args.out).exists():  # resume: families already measured (same gammas and length)
         done = json.loads(Path(args.out).read_text())
-        if (done["gammas"], done["max_length"], done.get("scales", [1.0])) == (gammas, args.max_length, scales):
+        if ((done["gammas"], done["max_length"], done.get("scales", [1.0]), done.get("mixture", ""))
+                == (gammas, args.max_length, scales, args.mixture)):
             per_family = {f: v for f, v in done["per_family"].items() if f in families}
     for family in families:
         if family in per_family:
@@ -159,7 +168,10 @@ def main(argv=None) -> int:
                     truth[row, : len(ex["sequence"])] = ex["pair_table"]
                 preds = {"mfe": layers.best_structure(params, tokens, lengths)}
                 for s in scales:
-                    scaled_probs = layers.pair_probs(scaled[s], tokens, lengths)
+                    if s == 1.0 and mixed:
+                        scaled_probs = layers.mixture_pair_probs([params, *mixed], tokens, lengths)
+                    else:
+                        scaled_probs = layers.pair_probs(scaled[s], tokens, lengths)
                     if s == scales[0]:
                         probs = scaled_probs  # what --dump keeps
                     for g in gammas:
@@ -194,7 +206,7 @@ def main(argv=None) -> int:
             np.savez_compressed(Path(args.dump) / f"{family}.npz", length=np.asarray(dumped["length"]), **flat,
                                 **{f"f1_{k}": np.asarray(v) for k, v in f1.items() if v})
         Path(args.out).write_text(json.dumps({"gammas": gammas, "max_length": args.max_length, "scales": scales,
-                                              "per_family": per_family}, indent=1))
+                                              "mixture": args.mixture, "per_family": per_family}, indent=1))
         print(f"# {family}: {len(examples)} sequences, {time.time() - t0:.0f} s: "
               + ", ".join(f"{k} {v:.3f}" for k, v in per_family[family].items() if k != "n_seqs"), flush=True)
 

@@ -9,15 +9,19 @@ a mixture of a subset of the components, weighted
 * ``uniform``: ``mean_k P_k`` -- the families disagree on the uncertain terms, so hedge over them;
 * ``evidence``: ``SUM_k w_k P_k`` with ``w_k`` proportional to ``Z_k`` (each component's partition
   function): the posterior of a model whose uncertain terms are a latent variable with a uniform prior;
+* ``w<x>`` (``--weights``, pairs of components ``(0, k)`` only): ``x P_0 + (1 - x) P_k``;
 * ``gate<t>`` (``--gates``, pairs of components ``(0, k)`` only): ``P_k`` where its log partition
   function exceeds component 0's by at least ``t`` nats per 100 nt, else ``P_0`` -- a per-sequence choice
   of model by how much the sequence gains from the other's energies (cheaper junctions, say).
 
 For each held-out family the (subset, weighting, gamma) with the best mean-over-families F1 on the
 *other* families is chosen (:func:`familyfold_gamma.best_on_others`), never on the held-out one.
+The sequences are what ``foldax familyfold`` evaluates, up to ``--max-length`` nt (512; 3000 for all).
 
     .venv/bin/python benchmarks/familyfold_mixture.py --out /tmp/mix.json \
         --components turner2004,ml:10.8,0,-2.7,ml:7.8,0,-0.3 --max-per-family 60
+    .venv/bin/python benchmarks/familyfold_mixture.py --out /tmp/t99.json --components turner2004,turner1999 \
+        --gammas 0.25,0.5,1 --max-length 3000   # foldax fold --params turner2004+turner1999 --mea
 """
 
 from __future__ import annotations
@@ -96,7 +100,7 @@ def _fold_chunk(task):
 
     from foldax.layers.dotbracket import from_dot_bracket
 
-    components, subsets, gammas, gates, chunk = task
+    components, subsets, gammas, gates, weights, chunk = task
     by_component = [_ensembles(c, [sequence for sequence, _ in chunk]) for c in components]
     out = []
     for n, (sequence, true) in enumerate(chunk):
@@ -106,12 +110,14 @@ def _fold_chunk(task):
             log_z = np.array([ens[k][0] for k in sub])
             weightings = WEIGHTINGS if len(sub) > 1 else ("uniform",)
             if len(sub) == 2 and sub[0] == 0:
-                weightings += tuple(f"gate{t:g}" for t in gates)
+                weightings += tuple(f"gate{t:g}" for t in gates) + tuple(f"w{x:g}" for x in weights)
             for weighting in weightings:
                 if weighting == "uniform":
                     w = np.full(len(sub), 1 / len(sub))
                 elif weighting == "evidence":
                     w = np.exp(log_z - log_z.max())
+                elif weighting.startswith("w"):  # w<x>: x on component 0
+                    w = np.array([float(weighting[1:]), 1 - float(weighting[1:])])
                 else:  # gate<t>: the second component where it gains t nats per 100 nt or more
                     gain = (log_z[1] - log_z[0]) * 100 / len(sequence)
                     w = np.array([0.0, 1.0]) if gain >= float(weighting[4:]) else np.array([1.0, 0.0])
@@ -134,9 +140,11 @@ def main(argv=None) -> int:
                         help="comma-separated: ViennaRNA set names or ml:a,b,c (Turner 2004, other multiloop terms)")
     parser.add_argument("--gammas", default=",".join(map(str, GAMMAS)))
     parser.add_argument("--gates", default="", help="thresholds t of the gate<t> weighting (nats per 100 nt)")
+    parser.add_argument("--weights", default="", help="fixed weights x of component 0 in pairs (0, k): w<x>")
     parser.add_argument("--max-per-family", type=int, default=0, help="a seeded random subset (0: all)")
     parser.add_argument("--families", default="5s,srp,tRNA,tmRNA,RNaseP,grp1,16s,telomerase,23s")
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--max-length", type=int, default=512, help="longest sequence evaluated (3000: all)")
     args = parser.parse_args(argv)
     try:
         components = parse_components(args.components)
@@ -149,9 +157,16 @@ def main(argv=None) -> int:
     families = [f for f in args.families.split(",") if f]
     subsets = [s for r in range(1, len(components) + 1) for s in itertools.combinations(range(len(components)), r)]
     gates = [float(t) for t in args.gates.split(",") if t]
+    weights = [float(x) for x in args.weights.split(",") if x]
+    if any(not 0 < x < 1 for x in weights):
+        parser.error(f"--weights must lie strictly between 0 and 1, got {args.weights}")
     setup = {"components": components, "gammas": gammas, "max_per_family": args.max_per_family}
+    if args.max_length != 512:  # (files written before --max-length have no such key)
+        setup["max_length"] = args.max_length
     if gates:  # (files written before --gates have no such key)
         setup["gates"] = gates
+    if weights:  # (nor --weights)
+        setup["weights"] = weights
 
     done = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
     if done.get("setup") != setup:
@@ -163,11 +178,11 @@ def main(argv=None) -> int:
         for family in families:
             if family in per_family:
                 continue
-            examples = subset(family_examples(family, 512), args.max_per_family)
+            examples = subset(family_examples(family, args.max_length), args.max_per_family)
             items = sorted(((ex["sequence"], ex["pair_table"]) for ex in examples), key=lambda it: -len(it[0]))
             chunks = [items[k:k + 4] for k in range(0, len(items), 4)]
             t0 = time.time()
-            tasks = [(paths, subsets, gammas, gates, c) for c in chunks]
+            tasks = [(paths, subsets, gammas, gates, weights, c) for c in chunks]
             rows = [r for part in pool.map(_fold_chunk, tasks) for r in part]
             per_family[family] = {"n_seqs": len(rows), **{k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}}
             Path(args.out).write_text(json.dumps(done, indent=1))

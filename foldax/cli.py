@@ -8,13 +8,18 @@ Subcommands::
     foldax train ... / foldax eval ... / foldax export-params ...   (see train.main)
     foldax familyfold --config C --workdir W ...                      (see train.familyfold)
 
-``foldax fold`` folds with the parameters of ``--params`` (default
-:data:`foldax.parameters.DEFAULT`, the Turner 2004 energies) and prints, for each
-record, what RNAfold prints::
+``foldax fold`` folds with the parameters of ``--params`` and prints, for each record,
+what RNAfold prints::
 
     >id
     SEQUENCE
     STRUCTURE ( -4.50)
+
+The default parameters (:data:`foldax.parameters.DEFAULT`, ``turner2004+turner1999``) are a
+mixture: the structure is the MEA structure (gamma 0.5) of the mean of Turner 2004's and Turner
+1999's pair probabilities, the most accurate model on ArchiveII family-fold (BENCHMARKS.md), and
+its value and ``-p``'s lines are Turner 2004's. ``--params turner2004`` prints exactly what RNAfold
+prints: its minimum free energy structure and numbers.
 
 For energy parameters (Turner) the value is the structure's free energy in kcal/mol
 and ``-p`` adds RNAfold's three lines: the pseudo-bracket summary of the pair
@@ -39,8 +44,9 @@ energy model). Output files with ``-o PREFIX`` (PREFIX may be a directory:
   structure -- the decoder is named in the title -- and the reference, if the input
   had one) and the arc diagram.
 
-``--params`` takes a shipped parameter set by name (``turner2004``, ``stacking``,
-``handset``: :mod:`foldax.parameters`; ``--model NAME`` is the same), a parameter file
+``--params`` takes a shipped parameter set or mixture by name (``turner2004``, ``stacking``,
+``handset``, ``turner2004+turner1999``: :mod:`foldax.parameters`; ``--model NAME`` is the same),
+``A+B`` (a uniform mixture, folded by MEA), a parameter file
 (``.par``, ``.json``, ``.npz``) or a training workdir: then the workdir's best checkpoint
 (``--checkpoint latest``: its latest) is restored as the whole model -- a neural model
 folds with its ``phi`` network -- and stderr says which checkpoint it was (a
@@ -105,7 +111,8 @@ SUBCOMMANDS = {
 
 MAIN_EPILOG = """\
 examples:
-  foldax fold GGGGAAACCCC                                   MFE structure and its energy (Turner 2004)
+  foldax fold GGGGAAACCCC                                   structure and free energy (default model)
+  foldax fold GGGGAAACCCC --params turner2004               RNAfold's MFE structure and energy
   foldax fold -i seqs.fa -p                                 ... with RNAfold -p's ensemble lines
   foldax fold -i seqs.fa -p --mea --gamma 2 -o out/ --plot  MEA structures, bpp files, dot plots
   foldax train --config default --workdir runs/default      train on ArchiveII (tRNA held out)
@@ -131,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "stdin (FASTA, plain one-per-line, or dot-bracket with reference structures; "
                     ".bpseq/.ct/.tsv files by extension).",
         epilog="Output, as RNAfold's: '>id', the sequence, 'structure (value)' per record -- the free energy in "
-               "kcal/mol for energy parameters (turner2004, the default), the model's log-score for a stacking "
+               "kcal/mol for energy parameters (Turner 2004's for the default mixture), the model's log-score for a stacking "
                "model (higher is better, not a free energy); with -p the ensemble line ('[ensemble free energy]' "
                "or '[log Z = ...]'), the centroid (energy models) and the structure's frequency. See "
                "'foldax/cli.py' for the files written with -o and --plot. Exit status: 0 ok, 1 bad input or "
@@ -143,19 +150,24 @@ def build_parser() -> argparse.ArgumentParser:
     fold.add_argument("--params", metavar="NAME|FILE|WORKDIR",
                       help="the parameters: a shipped set by name (turner2004: Turner 2004 free energies, RNAfold's; "
                            "stacking: the stacking model trained on ArchiveII; handset: hand-set stacking scores; "
-                           "andronescu2007, langdon2018: ViennaRNA's other energy sets), a "
+                           "turner1999, andronescu2007, langdon2018: ViennaRNA's other energy sets), a "
                            "file (.par ViennaRNA parameter file, .json Turner tables, .npz from 'foldax "
-                           "export-params'), or a training workdir (its best checkpoint, the whole model); default: "
-                           f"{DEFAULT_PARAMS}. stderr says which parameters were used and where they came from")
+                           "export-params'), a training workdir (its best checkpoint, the whole model), or "
+                           "A+B: a mixture of sets or files, folded by MEA from their mean pair "
+                           f"probabilities; default: {DEFAULT_PARAMS}, the MEA structure of Turner 2004's and "
+                           "Turner 1999's mean pair probabilities (the most accurate on ArchiveII family-fold, "
+                           "see BENCHMARKS.md; --params turner2004 prints RNAfold's MFE). stderr says which "
+                           "parameters were used and where they came from")
     fold.add_argument("--model", metavar="NAME", help="the same as --params NAME (a shipped parameter set)")
     fold.add_argument("--checkpoint", choices=("best", "latest"), default=None,
                       help="with --params WORKDIR: the best checkpoint by the validation metric (default) or "
                            "the latest")
     fold.add_argument("--mea", action="store_true",
                       help="print the maximum expected accuracy structure (from pair probabilities) "
-                           "instead of the best-scoring one")
+                           "instead of the best-scoring one (a mixture, the default too, always does)")
     fold.add_argument("--gamma", type=_pos_float, default=None,
-                      help="MEA pair weight (needs --mea; default: the parameters' own: 0.5 for turner2004, "
+                      help="MEA pair weight (needs --mea or a mixture; default: the parameters' own: 0.5 for "
+                           "turner2004 and the default mixture, "
                            "a training run's config.gamma, else 1.0)")
     fold.add_argument("-p", "--partition", action="store_true",
                       help="also compute log Z and base-pair probabilities (ensemble line; _bpp.txt with -o)")
@@ -236,14 +248,18 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as err:
         return _exit_code(err)
     if args.command == "fold":
-        if args.gamma is not None and not args.mea:
-            print("foldax fold: error: --gamma needs --mea", file=sys.stderr)
-            return 2
         if args.model is not None:
             if args.params is not None:
                 print("foldax fold: error: give --params or --model, not both", file=sys.stderr)
                 return 2
             args.params = args.model
+        from foldax.parameters import is_mixture
+
+        args.mea = args.mea or is_mixture(args.params)  # a mixture (the default too) folds by MEA only
+        if args.gamma is not None and not args.mea:
+            print("foldax fold: error: --gamma needs --mea (or a mixture of parameter sets, which folds by MEA: "
+                  "the default parameters)", file=sys.stderr)
+            return 2
         if args.checkpoint is not None and not (args.params and os.path.isdir(args.params)):
             print("foldax fold: error: --checkpoint needs --params WORKDIR (a training workdir)", file=sys.stderr)
             return 2

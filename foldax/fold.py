@@ -106,7 +106,11 @@ class FoldModel:
     (then energies are printed, RNAfold style). ``description``: where the model came
     from, for messages; ``notes``: things the user should know about that choice.
     ``mea_gamma``: the MEA ``gamma`` of ``--mea`` without ``--gamma`` (a shipped set's own, or a
-    training run's ``config.gamma``).
+    training run's ``config.gamma``). ``members``: further parameter sets of the same grammar whose
+    pair probabilities are mixed with ``params``' (:func:`foldax.layers.mixture_pair_probs`, with
+    ``weights`` for ``(params, *members)``, default uniform; ``--params A+B`` or a registry mixture
+    such as the default); such a model folds by MEA only, and its scores, free energies and log Z
+    are ``params``'.
 
     >>> FoldModel(layers.default_params()).units
     'score'
@@ -121,6 +125,17 @@ class FoldModel:
     description: str = "foldax.layers.default_params()"
     notes: tuple[str, ...] = ()
     mea_gamma: float = 1.0
+    members: tuple = ()
+    weights: tuple[float, ...] = ()
+
+    @property
+    def mixture(self) -> tuple[float, ...]:
+        """The mixture's weights of ``(params, *members)`` (normalised; uniform unless ``weights``),
+        or ``()`` for one set."""
+        if not self.members:
+            return ()
+        weights = self.weights or (1.0,) * (1 + len(self.members))
+        return tuple(w / sum(weights) for w in weights)
 
     @property
     def units(self) -> str:
@@ -401,14 +416,17 @@ def _read_file(path: str, auto_id) -> list[InputRecord | InputError]:
 
 
 CHECKPOINTS = ("best", "latest")
+#: One parameter set where one is needed and none is named (:func:`load_params`).
+MEMBER_DEFAULT = "turner2004"
 
 
 def load_params(path: str | None):
-    """Parameters from a registry name or a file (:func:`foldax.parameters.load`; None:
-    :data:`foldax.parameters.DEFAULT`). For a training workdir use :func:`load_model`."""
+    """Parameters from a registry name or a file (:func:`foldax.parameters.load`; None: Turner 2004,
+    the first member of :data:`foldax.parameters.DEFAULT`). For a training workdir or a mixture use
+    :func:`load_model`."""
     from foldax import parameters
 
-    return parameters.load(parameters.DEFAULT if path is None else path)[0]
+    return parameters.load(MEMBER_DEFAULT if path is None else path)[0]
 
 
 def is_training_workdir(path: str) -> bool:
@@ -429,6 +447,11 @@ def load_model(path: str | None, *, checkpoint: str = "best") -> FoldModel:
       ``phi`` network -- with the run's ``min_hairpin``. A ``params.npz`` there is
       not used (it may be older than the checkpoints); a note says so.
     * another directory with a ``params.npz``: that file (a note says so).
+    * a registry mixture (:func:`foldax.parameters.mixtures`; the default ``turner2004+turner1999``):
+      its members, weights and MEA gamma, with its provenance.
+    * ``A+B[+...]`` (not an existing path): a mixture of shipped sets or parameter files of one
+      grammar, their pair probabilities averaged (:attr:`FoldModel.members`); it folds by MEA
+      at ``A``'s gamma, and its energies are ``A``'s.
 
     The first note always says which parameters are used and where they came from.
     """
@@ -437,6 +460,12 @@ def load_model(path: str | None, *, checkpoint: str = "best") -> FoldModel:
     if checkpoint not in CHECKPOINTS:
         raise ValueError(f"checkpoint must be one of {CHECKPOINTS}, got {checkpoint!r}")
     spec = parameters.DEFAULT if path is None else path
+    if spec in parameters.mixtures() and not os.path.exists(spec):
+        entry = parameters.mixtures()[spec]
+        return _mixture_model(spec, entry["members"], weights=entry["weights"], summary=entry["summary"],
+                              mea_gamma=float(entry["mea_gamma"]["value"]))
+    if "+" in spec and not os.path.exists(spec):
+        return _mixture_model(spec, spec.split("+"))
     if os.path.isdir(spec):
         exported = os.path.join(spec, "params.npz")
         if is_training_workdir(spec):
@@ -458,6 +487,37 @@ def _model_of(params, provenance, *, notes=()) -> FoldModel:
     energy_kT = layers.KT if layers.is_energy_params(params) else None
     return FoldModel(params, energy_kT=energy_kT, description=provenance.line(), mea_gamma=provenance.mea_gamma,
                      notes=(f"parameters: {provenance.line()}", *notes))
+
+
+def _mixture_model(spec: str, names, *, weights=None, summary=None, mea_gamma=None) -> FoldModel:
+    """The :class:`FoldModel` of a mixture: ``names`` are shipped names or parameter files of one
+    grammar; ``weights`` default to uniform, the MEA gamma to the first member's."""
+    from foldax import parameters
+
+    if len(names) < 2 or not all(names):
+        raise ValueError(f"--params {spec}: a mixture is two or more parameter sets joined by '+' (e.g. "
+                         f"turner2004+turner1999)")
+    loaded = []
+    for name in names:
+        if os.path.isdir(name):
+            raise ValueError(f"--params {spec}: {name} is a directory; a mixture takes shipped names and "
+                             f"parameter files")
+        loaded.append(parameters.load(name))
+    kinds = {about.grammar for _, about in loaded}
+    if len(kinds) > 1:
+        raise ValueError(f"--params {spec}: a mixture needs parameter sets of one grammar, got "
+                         + ", ".join(f"{n} ({about.grammar})" for n, (_, about) in zip(names, loaded)))
+    (first, about), rest = loaded[0], loaded[1:]
+    weights = tuple(float(w) for w in (weights or (1.0,) * len(names)))
+    gamma = about.mea_gamma if mea_gamma is None else mea_gamma
+    shares = ", ".join(f"{n} {w / sum(weights):.3g}" for n, w in zip(names, weights))
+    what = summary or (f"a mixture of {', '.join(names)}: the MEA structure of the mean of their pair "
+                       f"probabilities; energies, scores and the ensemble free energy are {names[0]}'s")
+    notes = [f"parameters: {spec}: {what} (weights: {shares})"]
+    notes += [f"  {a.line()}" for _, a in loaded]
+    return FoldModel(first, energy_kT=layers.KT if layers.is_energy_params(first) else None,
+                     description=f"--params {spec}", mea_gamma=gamma, notes=tuple(notes),
+                     members=tuple(p for p, _ in rest), weights=weights)
 
 
 def _listdir(path: str) -> list[str]:
@@ -593,14 +653,17 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
 
     if not isinstance(model, FoldModel):
         model = FoldModel(model, energy_kT=layers.KT if layers.is_energy_params(model) else None)
+    mea = mea or bool(model.members)  # a mixture has no single best-scoring structure
     programs = FoldPrograms(None) if programs is None else programs
     gamma = model.mea_gamma if gamma is None else gamma
     params = jax.tree.map(np.asarray, layers.check_params(model.params))
     no_lonely_pairs = check_no_lonely_pairs(params, no_lonely_pairs)
+    if model.members:
+        params = (params, *(jax.tree.map(np.asarray, layers.check_params(m)) for m in model.members))
     request = Request(decoder="mea" if mea else "mfe", partition=partition, probs=probs,
-                      centroid=model.energy_kT is not None and partition, energy=layers.is_energy_params(params),
+                      centroid=model.energy_kT is not None and partition, energy=layers.is_energy_params(model.params),
                       min_hairpin=model.min_hairpin if min_hairpin is None else min_hairpin,
-                      no_lonely_pairs=no_lonely_pairs, no_lp_ensemble=no_lp_ensemble)
+                      no_lonely_pairs=no_lonely_pairs, no_lp_ensemble=no_lp_ensemble, mixture=model.mixture)
     results: list[FoldResult | None] = [None] * len(records)
     multiple = jax.local_device_count() if request.energy else 1
     if max_cells is None:

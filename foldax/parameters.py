@@ -6,8 +6,15 @@ A name is looked up in the registry ``layers/data/registry.json`` (:func:`shippe
 * ``stacking`` -- the stacking model trained on ArchiveII (``configs/default.py``, random split);
 * ``handset`` (or ``default``) -- :func:`foldax.layers.default_params`, hand-set stacking scores
   (no training);
+* ``turner1999`` -- the Turner 1999 free energies (Mathews et al. 1999), the set Turner 2004 revised;
 * ``andronescu2007``, ``langdon2018`` -- ViennaRNA's other RNA parameter sets (``.par`` files), fit to
   known structures from the databases ArchiveII also draws on: ArchiveII scores flatter them.
+
+``foldax fold --params A+B`` mixes sets (:func:`foldax.fold.load_model`); each is loaded here. The
+registry also names mixtures (:func:`mixtures`):
+
+* ``turner2004+turner1999`` -- the MEA structure (gamma 0.5) of the mean of Turner 2004's and Turner
+  1999's pair probabilities, chosen by family-fold on ArchiveII (BENCHMARKS.md).
 
 :data:`DEFAULT` is what ``foldax fold`` uses without ``--params``. A path may be a ViennaRNA
 ``.par`` file (:func:`foldax.layers.load_parameter_file`), a ``.json`` Turner table file in the
@@ -26,11 +33,12 @@ import json
 import os
 from functools import lru_cache
 
-__all__ = ["DEFAULT", "Provenance", "shipped", "load"]
+__all__ = ["DEFAULT", "Provenance", "shipped", "mixtures", "is_mixture", "load"]
 
-#: The parameters ``foldax fold`` folds with when no ``--params`` is given: a name in the registry.
-#: (To become the Turner model fine-tuned on ArchiveII once its file ships.)
-DEFAULT = "turner2004"
+#: The parameters ``foldax fold`` folds with when no ``--params`` is given: a mixture of the registry,
+#: the most accurate model on ArchiveII family-fold (CLL fine-tuning of the Turner tables selected
+#: Turner 2004 itself, so no fine-tuned file ships; BENCHMARKS.md). ``--params turner2004`` is RNAfold.
+DEFAULT = "turner2004+turner1999"
 
 REGISTRY = "registry.json"
 
@@ -71,6 +79,25 @@ def shipped() -> dict:
         return json.load(fh)["params"]
 
 
+@lru_cache(maxsize=1)
+def mixtures() -> dict:
+    """The registry's named mixtures: ``{name: entry}`` (``members``, ``weights``, ``summary``,
+    ``mea_gamma``, ``familyfold``; :func:`foldax.layers.params_io.shipped_mixtures`)."""
+    with open(_data_path(REGISTRY), encoding="utf-8") as fh:
+        return json.load(fh).get("mixtures", {})
+
+
+def is_mixture(spec: str | None) -> bool:
+    """Whether ``--params spec`` (None: :data:`DEFAULT`) names a mixture: a registry mixture, or
+    ``A+B[+...]`` that is not an existing path. A mixture folds by MEA only.
+
+    >>> is_mixture(None), is_mixture("turner2004"), is_mixture("turner2004+andronescu2007")
+    (True, False, True)
+    """
+    spec = DEFAULT if spec is None else spec
+    return spec in mixtures() or ("+" in spec and not os.path.exists(spec))
+
+
 def load(spec: str, *, dtype=None):
     """``(params, Provenance)`` of a registry name or a parameter file (see the module docstring);
     the parameters are :func:`foldax.layers.load_params`'s.
@@ -86,9 +113,13 @@ def load(spec: str, *, dtype=None):
 
     registry = shipped()
     spec = ALIASES.get(spec, spec)
+    if spec in mixtures():
+        raise ValueError(f"--params {spec}: a mixture of {', '.join(mixtures()[spec]['members'])}, not one parameter "
+                         f"set (foldax.fold.load_model folds it)")
     if spec not in registry:
         if not os.path.exists(spec):
-            raise FileNotFoundError(f"--params {spec}: neither a shipped parameter set ({', '.join(registry)}) nor "
+            raise FileNotFoundError(f"--params {spec}: neither a shipped parameter set "
+                                    f"({', '.join([*registry, *mixtures()])}) nor "
                                     f"an existing file")
         if os.path.isdir(spec):
             raise ValueError(f"--params {spec}: a directory that is not a training workdir")

@@ -77,6 +77,10 @@ class Request:
     pairs of :func:`foldax.layers.isolated_pairs` left out) or ``"exact"`` (no structure with a
     lonely pair). The MFE structure has no lonely pair either way; the MEA and centroid
     structures, decoded from the pair probabilities as RNAfold's are, may hold some.
+    ``mixture`` (MEA only): the weights of a mixture of parameter sets, whose pair probabilities
+    are ``SUM_k w_k P_k`` (:func:`foldax.layers.mixture_pair_probs`); ``params`` is then a tuple of
+    the sets, and everything but the pair probabilities (log Z, scores, free energies) is the first
+    set's.
     """
 
     decoder: str = "mfe"
@@ -88,10 +92,14 @@ class Request:
     num_chunks: int | None = None
     no_lonely_pairs: bool = False
     no_lp_ensemble: str = "rnafold"
+    mixture: tuple[float, ...] = ()
 
     def __post_init__(self):
         if self.decoder not in ("mfe", "mea"):
             raise ValueError(f"decoder must be 'mfe' or 'mea', got {self.decoder!r}")
+        if self.mixture and self.decoder != "mea":
+            raise ValueError("a mixture of parameter sets is decoded by MEA (decoder='mea'): it has no single "
+                             "best-scoring structure")
         if self.no_lp_ensemble not in ("rnafold", "exact"):
             raise ValueError(f"no_lp_ensemble must be 'rnafold' or 'exact', got {self.no_lp_ensemble!r}")
 
@@ -167,7 +175,8 @@ def fold_batch(params, tokens, lengths, phi, gamma, *, request: Request) -> dict
     of the centroid to the ensemble, RNAfold's ``d``). With ``energy`` (Turner
     parameters) also the free energies (kcal/mol, :func:`foldax.layers.free_energy`, RNAfold's
     ``eval_structure``) of the structures not found by the max semiring: ``energy [B]``
-    for the MEA structure, ``centroid_energy [B]``.
+    for the MEA structure, ``centroid_energy [B]``. With ``request.mixture``, ``params`` is a tuple of
+    parameter sets and ``probs`` (and the MEA and centroid structures) are their mixture's.
     """
     import jax
     import jax.numpy as jnp
@@ -175,6 +184,7 @@ def fold_batch(params, tokens, lengths, phi, gamma, *, request: Request) -> dict
     from foldax import layers
 
     h, chunks = request.min_hairpin, request.num_chunks
+    params, *others = params if request.mixture else (params,)
     dtype = jnp.result_type(*jax.tree.leaves(params))
     pair_phi = jnp.zeros(tokens.shape + tokens.shape[-1:], dtype) if phi is None else phi.astype(dtype)
     out = {}
@@ -187,6 +197,11 @@ def fold_batch(params, tokens, lengths, phi, gamma, *, request: Request) -> dict
     if request.needs_probs:
         log_z, probs = _value_and_pair_gradient(layers.log_partition, params, tokens, lengths, ensemble_phi, request,
                                                 exact)
+        if request.mixture:  # (the inside + outside passes of mixture_pair_probs, the first's log Z kept)
+            probs = request.mixture[0] * probs
+            for weight, member in zip(request.mixture[1:], others):
+                probs = probs + weight * _value_and_pair_gradient(layers.log_partition, member, tokens, lengths,
+                                                                  ensemble_phi, request, exact)[1]
         if request.partition:
             out["log_z"] = log_z
         if request.probs:

@@ -2,14 +2,14 @@
 
 from foldax.layers.alphabet import ALPHABET, DEFAULT_BUCKETS, PAD_TOKEN, bucket_length, decode, encode, encode_batch
 from foldax.layers.compiled import ShapeWatch, release_compiled_programs
-from foldax.layers.decoding import best_structure, mea_structure, pair_probs, sample_structures
+from foldax.layers.decoding import best_structure, mea_structure, mixture_pair_probs, pair_probs, sample_structures
 from foldax.layers.devices import use_all_cores
 from foldax.layers.dotbracket import from_dot_bracket, to_dot_bracket
 from foldax.layers.energy_params import KT, load_parameter_file, save_parameter_file, turner2004
 from foldax.layers.free_energy import FORBIDDEN_PHI, ensemble_free_energy, free_energy, isolated_pairs
 from foldax.layers.inside import check_params, is_energy_params, log_partition, max_score
 from foldax.layers.params import default_params, init_params
-from foldax.layers.params_io import load_params, read_provenance, save_params
+from foldax.layers.params_io import Mixture, load_mixture, load_params, read_provenance, save_params
 from foldax.layers.semiring import LOG, MAX, LogSemiring, MaxSemiring, SampleSemiring
 from foldax.layers.structure import log_prob, structure_score
 
@@ -45,10 +45,13 @@ __all__ = [
     "structure_score",
     "log_prob",
     "pair_probs",
+    "mixture_pair_probs",
     "best_structure",
     "mea_structure",
     "sample_structures",
     "load_params",
+    "load_mixture",
+    "Mixture",
     "save_params",
     "read_provenance",
     "use_all_cores",

@@ -5,6 +5,7 @@ Everything here reuses the chart engine (``chart.py``); nothing has its own O(n^
 * :func:`pair_probs` -- ``P[i, j] = p((i, j) in s | x)``. Since ``phi[i][j]`` enters the
   score of exactly the structures containing (i, j), ``P = d log Z / d phi``
   (the outside algorithm, via ``jax.grad``).
+* :func:`mixture_pair_probs` -- ``SUM_k w_k P_k``, the pair probabilities of a mixture of models.
 * :func:`best_structure` -- ``argmax_s score(s)``: in the max semiring the gradient of
   ``max_score`` w.r.t. ``phi`` is the 0/1 indicator of the best structure's pairs.
 * :func:`mea_structure` -- maximum expected accuracy: maximise
@@ -85,6 +86,42 @@ def pair_probs(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chu
                             no_lonely_pairs=no_lonely_pairs)
     out = batch_sharded(run, tokens)(params, tokens, lengths, phi)
     return out if batched else out[0]
+
+
+def mixture_pair_probs(param_sets, tokens, lengths=None, *, weights=None, phi=None, min_hairpin=3,
+                       num_chunks=DEFAULT_NUM_CHUNKS, no_lonely_pairs=False):
+    """Base-pair probabilities of a mixture of models: ``P[i, j] = SUM_k w_k P_k[i, j]``.
+
+    ``P_k`` is :func:`pair_probs` under ``param_sets[k]`` (each set of either grammar), ``weights``
+    (default uniform; nonnegative, normalised to sum to 1) the mixture's weights. The mixture is
+    the ensemble of a model whose parameters are themselves uncertain, ``p(s | x) = SUM_k w_k
+    p_k(s | x)``: where energy sets disagree (e.g. Turner 2004 and Turner 1999), decoding the
+    mixture's probabilities (:func:`mea_structure`) hedges between them. Other arguments as for
+    :func:`pair_probs`; differentiable in every set and in ``weights``.
+
+    Example (a mixture of one set is that set):
+      >>> from foldax import layers
+      >>> params, x = layers.default_params(), layers.encode("GGGGAAACCCC")
+      >>> both = mixture_pair_probs([params, params], x, weights=[0.3, 0.7])
+      >>> bool(jnp.allclose(both, pair_probs(params, x), atol=1e-6))
+      True
+    """
+    param_sets = list(param_sets)
+    if not param_sets:
+        raise ValueError("mixture_pair_probs needs at least one parameter set")
+    if weights is None:
+        weights = np.full(len(param_sets), 1.0 / len(param_sets))
+    weights = jnp.asarray(weights)
+    if weights.shape != (len(param_sets),):
+        raise ValueError(f"mixture_pair_probs: {len(param_sets)} parameter sets but weights of shape {weights.shape}")
+    if not isinstance(weights, jax.core.Tracer):
+        w = np.asarray(weights, np.float64)
+        if not (np.all(np.isfinite(w)) and np.all(w >= 0) and w.sum() > 0):
+            raise ValueError(f"mixture_pair_probs: weights must be finite, nonnegative and not all 0, got {w.tolist()}")
+    kwargs = dict(phi=phi, min_hairpin=min_hairpin, num_chunks=num_chunks, no_lonely_pairs=no_lonely_pairs)
+    parts = [pair_probs(p, tokens, lengths, **kwargs) for p in param_sets]
+    weights = weights.astype(parts[0].dtype) / jnp.sum(weights.astype(parts[0].dtype))
+    return sum(weights[k] * part for k, part in enumerate(parts))
 
 
 def _table_from_indicator(indicator, lengths):

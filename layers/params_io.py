@@ -15,7 +15,9 @@ a shipped name      :func:`shipped_params` (``layers/data/registry.json``): ``"t
 ``*.par``           a ViennaRNA 2.0 parameter file (:func:`foldax.layers.load_parameter_file`)
 ==================  ==========================================================================
 
-``foldax fold --params NAME|FILE`` reads the same names and files.
+``foldax fold --params NAME|FILE`` reads the same names and files. A registry *mixture*
+(:func:`shipped_mixtures`, e.g. ``"turner2004+turner1999"``, what ``foldax fold`` folds with by
+default) is several sets whose pair probabilities are averaged: :func:`load_mixture` loads it.
 
 The JSON format (``"format": "foldax-params-1"``) holds every table as nested lists of
 numbers in its own units (kcal/mol for Turner tables, natural-log scores for stacking),
@@ -47,11 +49,13 @@ import math
 import os
 from collections.abc import Mapping
 from importlib import resources
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["load_params", "save_params", "read_provenance", "shipped_params", "shipped_file", "FORMAT"]
+__all__ = ["load_params", "load_mixture", "Mixture", "save_params", "read_provenance", "shipped_params",
+           "shipped_mixtures", "shipped_file", "FORMAT"]
 
 #: The ``format`` tag of the JSON files :func:`save_params` writes.
 FORMAT = "foldax-params-1"
@@ -74,6 +78,46 @@ def shipped_params() -> dict[str, dict]:
     not built yet); :func:`load_params` then says so."""
     text = resources.files("foldax.layers").joinpath("data", REGISTRY).read_text(encoding="utf-8")
     return json.loads(text)["params"]
+
+
+@functools.lru_cache(maxsize=1)
+def shipped_mixtures() -> dict[str, dict]:
+    """The named mixtures of the registry, ``{name: entry}``: ``members`` (names of
+    :func:`shipped_params`), ``weights``, a one-line ``summary``, ``mea_gamma`` (the MEA gamma and how
+    it was chosen) and ``familyfold`` (the recipe's family-fold numbers on ArchiveII)."""
+    text = resources.files("foldax.layers").joinpath("data", REGISTRY).read_text(encoding="utf-8")
+    return json.loads(text).get("mixtures", {})
+
+
+class Mixture(NamedTuple):
+    """A mixture of parameter sets (:func:`load_mixture`): its structures are decoded by
+    :func:`foldax.layers.mea_structure` at ``mea_gamma`` from
+    ``layers.mixture_pair_probs(members, tokens, weights=weights)``."""
+
+    members: tuple
+    weights: tuple
+    mea_gamma: float
+
+
+def load_mixture(name: str, *, dtype=jnp.float32) -> Mixture:
+    """A named mixture of the registry (:func:`shipped_mixtures`): its members loaded by
+    :func:`load_params`, their weights and its MEA gamma.
+
+    Example (``foldax fold``'s default model, from Python):
+
+    >>> from foldax import layers
+    >>> mix = layers.load_mixture("turner2004+turner1999")
+    >>> x = layers.encode("GGGAAAUCCCGCGCAUAUGCGCAAAGGG")
+    >>> probs = layers.mixture_pair_probs(mix.members, x, weights=mix.weights)
+    >>> layers.to_dot_bracket(layers.mea_structure(probs, gamma=mix.mea_gamma))
+    '(((....)))((((....))))......'
+    """
+    mixtures = shipped_mixtures()
+    if name not in mixtures:
+        raise FileNotFoundError(f"{name}: not a shipped mixture ({', '.join(mixtures) or 'none'})")
+    entry = mixtures[name]
+    return Mixture(tuple(load_params(member, dtype=dtype) for member in entry["members"]),
+                   tuple(float(w) for w in entry["weights"]), float(entry["mea_gamma"]["value"]))
 
 
 def shipped_file(name: str) -> str | None:
@@ -110,6 +154,11 @@ def load_params(name_or_path, *, dtype=jnp.float32) -> dict:
       and what is wrong for an unreadable one.
     """
     name = os.fspath(name_or_path)
+    if name in shipped_mixtures() and not os.path.exists(name):
+        members = shipped_mixtures()[name]["members"]
+        raise ValueError(f"{name} is a mixture of {', '.join(members)} (its structures are the MEA structures of "
+                         f"their mean pair probabilities), not one parameter set: load it with "
+                         f"layers.load_mixture({name!r}), or one member with layers.load_params({members[0]!r})")
     if _named(name):
         entry = shipped_params()[ALIASES.get(name, name)]
         if "builtin" in entry:

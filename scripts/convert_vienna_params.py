@@ -112,6 +112,11 @@ PAR_SETS = {
                     "EuroGP 2018, LNCS 10781:220-236.",
                     "evolved by genetic programming on 4,655 known secondary structures from RNA STRAND (whose "
                     "sources are ArchiveII's too)"),
+    "turner1999": ("params_load_RNA_Turner1999",
+                   "Mathews DH, Sabina J, Zuker M, Turner DH (1999) Expanded sequence dependence of thermodynamic "
+                   "parameters improves prediction of RNA secondary structure. J Mol Biol 288:911-940.",
+                   "optical melting experiments (the nearest-neighbour set Turner 2004 revised); its multiloop "
+                   "terms were chosen for prediction accuracy on known structures, as Turner 2004's were"),
 }
 
 

@@ -477,7 +477,7 @@ def test_params_neural_workdir_folds_with_its_phi_network(capsys, tmp_path):
 def test_shipped_parameter_sets_and_files(tmp_path, capsys):
     from foldax import parameters
 
-    assert parameters.DEFAULT in parameters.shipped()
+    assert parameters.DEFAULT in parameters.mixtures()
     turner, about = parameters.load("turner2004")
     assert layers.is_energy_params(turner) and about.grammar == "turner" and about.name == "turner2004"
     assert "rna_turner2004.json" in about.source and "viennarna_version: 2.8.0" in about.details
@@ -501,7 +501,7 @@ def test_shipped_parameter_sets_and_files(tmp_path, capsys):
     assert about.grammar == "stacking" and "commit: abc123" in about.details
 
     with pytest.raises(FileNotFoundError, match="turner2004, stacking, handset"):
-        parameters.load("turner1999")
+        parameters.load("turner1989")
     (tmp_path / "bad.par").write_text("## RNAfold parameter file v2.0\n# stack\n -240 -330 -210\n")
     with pytest.raises(ValueError, match=r"bad\.par line 3"):
         parameters.load(str(tmp_path / "bad.par"))
@@ -513,7 +513,7 @@ def test_shipped_parameter_sets_and_files(tmp_path, capsys):
     assert rc == 0 and "parameters: handset: hand-set stacking scores" in err  # stderr names the parameters
     rc, out, err = run(capsys, ["fold", "GGGGAAACCCC", "--params", tmp_path / "s.npz"])
     assert rc == 0 and f"parameters: stacking-model scores from a file ({tmp_path / 's.npz'}; data: ArchiveII" in err
-    rc, out, err = run(capsys, ["fold", "GGGGAAACCCC", "--params", "turner1999"])
+    rc, out, err = run(capsys, ["fold", "GGGGAAACCCC", "--params", "turner1989"])
     assert rc == 1 and out == "" and "neither a shipped parameter set" in err
     assert run(capsys, ["fold", "GGGGAAACCCC", "--params", "handset", "--model", "turner2004"])[0] == 2
 
@@ -522,9 +522,10 @@ def test_shipped_parameter_sets_and_files(tmp_path, capsys):
     assert layers.read_provenance("stacking")["familyfold"]["complete"]
 
 
-@pytest.mark.parametrize("name, vienna", [("andronescu2007", "Andronescu2007"), ("langdon2018", "Langdon2018")])
+@pytest.mark.parametrize("name, vienna", [("andronescu2007", "Andronescu2007"), ("langdon2018", "Langdon2018"),
+                                         ("turner1999", "Turner1999")])
 def test_shipped_vienna_parameter_sets_are_viennas(name, vienna, capsys):
-    """``andronescu2007`` / ``langdon2018``: the file is what ``RNA.params_save`` writes for that set, and
+    """``andronescu2007`` / ``langdon2018`` / ``turner1999``: the file is what ``RNA.params_save`` writes for that set, and
     its energies are ViennaRNA's under it."""
     import subprocess
 
@@ -543,7 +544,7 @@ def test_shipped_vienna_parameter_sets_are_viennas(name, vienna, capsys):
     try:
         fc = RNA.fold_compound(sequence)
         mfe_structure, mfe = fc.mfe()
-        structures = {mfe_structure, *(s.structure for s in fc.subopt(150))}
+        structures = {mfe_structure, *(s.structure for s in fc.subopt(300))}
         expected = {s: fc.eval_structure(s) for s in structures}
     finally:
         RNA.params_load_RNA_Turner2004()  # ViennaRNA's parameters are global: the other tests expect its default
@@ -568,15 +569,32 @@ def test_a_registry_entry_without_its_file_is_a_clear_error(capsys, monkeypatch)
         layers.load_params("future")
 
 
-def test_default_parameters_are_the_turner_model(monkeypatch):
-    """Without --params: :data:`foldax.parameters.DEFAULT`, an energy model (checked without folding)."""
+def test_default_parameters_are_the_turner_mixture(monkeypatch):
+    """Without --params: :data:`foldax.parameters.DEFAULT`, the registry's mixture of Turner 2004 and
+    Turner 1999 (an energy model folded by MEA at gamma 0.5; checked without folding)."""
     from foldax import fold as F
     from foldax import parameters
 
     model = F.load_model(None)
+    assert parameters.is_mixture(None) and parameters.DEFAULT == "turner2004+turner1999"
     assert model.energy_kT == pytest.approx(layers.KT) and layers.is_energy_params(model.params)
     assert model.notes[0].startswith(f"parameters: {parameters.DEFAULT}: ")
+    assert model.mixture == (0.5, 0.5) and model.mea_gamma == 0.5
+    turner, t1999 = layers.load_params("turner2004"), layers.load_params("turner1999")
+    np.testing.assert_allclose(model.params["int22"], turner["int22"], rtol=1e-6)  # (float64 here: x64 tests)
+    np.testing.assert_allclose(model.members[0]["int22"], t1999["int22"], rtol=1e-6)
+    assert not np.array_equal(turner["int22"], t1999["int22"])
     assert F.load_model("handset").energy_kT is None
+    # From Python: layers.load_mixture; load_params names the mixture's members instead
+    mixture = layers.load_mixture(parameters.DEFAULT)
+    assert mixture.weights == (0.5, 0.5) and mixture.mea_gamma == 0.5
+    np.testing.assert_array_equal(mixture.members[1]["int22"], t1999["int22"])
+    with pytest.raises(ValueError, match=r"a mixture of turner2004, turner1999 .*layers.load_mixture"):
+        layers.load_params(parameters.DEFAULT)
+    with pytest.raises(ValueError, match="a mixture of turner2004, turner1999"):
+        parameters.load(parameters.DEFAULT)
+    with pytest.raises(FileNotFoundError, match="not a shipped mixture"):
+        layers.load_mixture("turner2004")
 
 
 # --------------------------------------------------------------------------- #
@@ -796,11 +814,8 @@ def assert_rnafold_lines(lines, want):
 
 @pytest.mark.slow
 def test_turner_model_prints_rnafold_numbers(capsys, tmp_path, fasta):
-    """``foldax fold -p`` with the default parameters (Turner 2004) prints RNAfold -p's lines and numbers."""
+    """``foldax fold -p --model turner2004`` (the unmodified energies) prints RNAfold -p's lines and numbers."""
     RNA = pytest.importorskip("RNA")
-    from foldax import parameters
-
-    assert parameters.DEFAULT == "turner2004"  # this test is about the unmodified energies
     rc, out, err = run(capsys, ["fold", "-i", fasta, "-p", "--model", "turner2004"])
     assert rc == 0, err
     lines = out.splitlines()

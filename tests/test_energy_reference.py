@@ -69,13 +69,14 @@ def turner():
 
 @pytest.fixture(scope="module")
 def par_files(tmp_path_factory):
-    """Andronescu 2007 and Langdon 2018 as ViennaRNA writes them (the wheel ships no .par files)."""
+    """Andronescu 2007, Langdon 2018 and Turner 1999 as ViennaRNA writes them (the wheel ships no .par files)."""
     module = pytest.importorskip("RNA")
     folder = tmp_path_factory.mktemp("par")
     files = {}
     for name, load in (
         ("andronescu2007", module.params_load_RNA_Andronescu2007),
         ("langdon2018", module.params_load_RNA_Langdon2018),
+        ("turner1999", module.params_load_RNA_Turner1999),
     ):
         load()
         files[name] = folder / f"rna_{name}.par"
@@ -155,7 +156,7 @@ def test_sweep_2000_structures_lengths_1_to_500(RNA, turner):
     assert _check_cases(RNA, turner, cases) >= 2000
 
 
-@pytest.mark.parametrize("name", ["andronescu2007", "langdon2018"])
+@pytest.mark.parametrize("name", ["andronescu2007", "langdon2018", "turner1999"])
 def test_other_parameter_sets_match_vienna_eval(RNA, par_files, name):
     params = numpy_params(load_parameter_file(par_files[name], dtype=np.float64))
     RNA.params_load(str(par_files[name]))

@@ -227,14 +227,14 @@ def test_fold_command_no_lp(RNA, capsys):
     structure, mfe = RNA.fold_compound(seq, md).mfe()
     plain, _ = RNA.fold_compound(seq, vienna_md(RNA)).mfe()
     assert structure != plain  # the option changes this sequence's MFE structure
-    assert main(["fold", "--noLP", seq]) == 0
+    assert main(["fold", "--noLP", "--params", "turner2004", seq]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[2] == f"{structure} ({mfe:6.2f})"
     # -p: RNAfold -p --noLP's lines and numbers (its ensemble), or with --noLP-exact the exact ensemble
     want = vienna_fold(RNA, seq, no_lp=True)
-    assert main(["fold", "-p", "--noLP", seq]) == 0
+    assert main(["fold", "-p", "--noLP", "--params", "turner2004", seq]) == 0
     assert_rnafold_lines(capsys.readouterr().out.splitlines()[2:], want)
-    assert main(["fold", "-p", "--noLP-exact", seq]) == 0
+    assert main(["fold", "-p", "--noLP-exact", "--params", "turner2004", seq]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[2] == f"{structure} ({mfe:6.2f})"
     exact = float(layers.ensemble_free_energy(layers.turner2004(), layers.encode(seq), no_lonely_pairs=True))

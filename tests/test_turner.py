@@ -898,7 +898,7 @@ def vienna_sets(RNA, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["Andronescu2007", "Langdon2018"])
+@pytest.mark.parametrize("name", ["Andronescu2007", "Langdon2018", "Turner1999"])
 def test_other_parameter_sets_equal_vienna(RNA, vienna_sets, name):
     """A .par file from RNA.params_save, read by layers.load_parameter_file: ViennaRNA's pf, MFE,
     pair probabilities and brute-force sums (Langdon 2018 forbids some loops with INF)."""

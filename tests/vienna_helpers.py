@@ -253,7 +253,7 @@ def dot_bracket(pairs, n: int) -> str:
     return "".join(db)
 
 
-def save_vienna_parameter_sets(RNA, folder, names=("Andronescu2007", "Langdon2018")) -> dict:
+def save_vienna_parameter_sets(RNA, folder, names=("Andronescu2007", "Langdon2018", "Turner1999")) -> dict:
     """ViennaRNA's built-in parameter sets written by ``RNA.params_save`` (the wheel ships no
     .par files): ``{name: path}``. Leaves Turner 2004 loaded."""
     files = {}
