@@ -130,17 +130,24 @@ def test_fold_a_mixture_of_turner_sets_as_vienna(capsys, tmp_path):
     assert np.abs(got - mix).max() <= 2e-4  # (pairs below the file's 1e-5 cutoff read as 0)
 
 
-def test_a_mixture_folds_by_mea_and_bad_specs_are_clear_errors(capsys):
+def test_a_mixture_folds_by_mea_and_bad_specs_are_clear_errors(capsys, monkeypatch):
     """A mixture (the default too) folds by MEA with or without ``--mea``; ``A+B`` of other sets is a
     uniform mixture at A's gamma."""
+    from foldax import cli, programs
+    from foldax.fold import load_model
+
+    shared = programs.FoldPrograms(None)  # one compiled program for the three calls
+    monkeypatch.setattr(cli, "_program_cache", lambda own_process: shared)
     sequence = "GCAUUAACAUGGCGUAUACUUAUUCCUUGCAUCGGACGAG"
     with_mea = _run(capsys, ["fold", sequence, "--params", "turner2004+turner1999", "--mea"])
     assert with_mea[0] == 0, with_mea[2]
     assert _run(capsys, ["fold", sequence, "--params", "turner2004+turner1999"])[1] == with_mea[1]
     assert _run(capsys, ["fold", sequence])[1] == with_mea[1]  # the default
-    rc, out, err = _run(capsys, ["fold", sequence, "--params", "turner2004+andronescu2007", "--gamma", "2"])
-    assert rc == 0 and "parameters: turner2004+andronescu2007: a mixture of turner2004, andronescu2007" in err
-    assert "(weights: turner2004 0.5, andronescu2007 0.5)" in err
+    assert shared.stats["compiled"] == 1
+    model = load_model("turner2004+andronescu2007")
+    assert model.mixture == (0.5, 0.5) and model.mea_gamma == 0.5  # turner2004's
+    assert model.notes[0].startswith("parameters: turner2004+andronescu2007: a mixture of turner2004, andronescu2007")
+    assert "(weights: turner2004 0.5, andronescu2007 0.5)" in model.notes[0]
     assert _run(capsys, ["fold", sequence, "--params", "turner2004", "--gamma", "2"])[0] == 2  # needs --mea
     rc, _, err = _run(capsys, ["fold", "GGGGAAACCCC", "--params", "turner2004+stacking", "--mea"])
     assert rc == 1 and "one grammar" in err and "stacking (stacking)" in err
