@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from familyfold_gamma import best_on_others, family_examples, table_f1  # noqa: E402  (sibling benchmarks)
 from familyfold_terms import candidate_name, subset, write_candidate  # noqa: E402
-from familyfold_paramsets import SETS, load_energies, ranked_lines, vienna_ensemble  # noqa: E402
+from familyfold_paramsets import SETS, load_energies, model_options, ranked_lines, vienna_ensemble  # noqa: E402
 
 GAMMAS = (0.5, 1.0)
 WEIGHTINGS = ("uniform", "evidence")
@@ -49,14 +49,21 @@ CUTOFF = 1e-6
 
 
 def parse_components(text: str) -> list[str]:
-    """The components of ``--components``: an ``ml:`` spec takes three comma-separated numbers.
+    """The components of ``--components``: an ``ml:`` spec takes three comma-separated numbers, and a
+    ``[...]`` suffix holds ``RNA.md`` settings (commas allowed inside).
 
       >>> parse_components("turner2004,ml:10.8,0,-2.7,turner1999")
       ['turner2004', 'ml:10.8,0,-2.7', 'turner1999']
+      >>> parse_components("turner2004[noLP=1],turner1999[dangles=0,noLP=1],turner2004")
+      ['turner2004[noLP=1]', 'turner1999[dangles=0,noLP=1]', 'turner2004']
       >>> parse_components("turner2004,ml:10.8,0")
       Traceback (most recent call last):
       ...
       ValueError: component 'ml:10.8,0' needs three numbers (ml:a,b,c)
+      >>> parse_components("turner2004[noLP=1")
+      Traceback (most recent call last):
+      ...
+      ValueError: component 'turner2004[noLP=1' has no closing ']'
     """
     parts, out = text.split(","), []
     while parts:
@@ -71,9 +78,27 @@ def parse_components(text: str) -> list[str]:
             except ValueError:
                 raise ValueError(f"component {spec!r} needs three numbers (ml:a,b,c)") from None
             out.append(spec)
+        elif "[" in head:
+            while not head.endswith("]") and parts:
+                head += "," + parts.pop(0)
+            if not head.endswith("]"):
+                raise ValueError(f"component {head!r} has no closing ']'")
+            out.append(head)
         elif head:
             out.append(head)
     return out
+
+
+def split_options(component: str) -> tuple[str, dict[str, int]]:
+    """``"turner2004[noLP=1]"`` -> ``("turner2004", {"noLP": 1})``: the set and its ``RNA.md`` settings.
+
+      >>> split_options("turner1999"), split_options("ml:9.3,0,-0.9[noLP=1]")
+      (('turner1999', {}), ('ml:9.3,0,-0.9', {'noLP': 1}))
+    """
+    if "[" not in component:
+        return component, {}
+    name, _, options = component.partition("[")
+    return name, model_options(options[:-1])
 
 
 def key(subset_: tuple[int, ...], weighting: str, gamma: float) -> str:
@@ -81,14 +106,15 @@ def key(subset_: tuple[int, ...], weighting: str, gamma: float) -> str:
 
 
 def _ensembles(component, sequences):
-    """Per sequence, (log Z, upper-triangular pair probabilities) under one component (a set's name or
-    a ``.par`` path, loaded once)."""
+    """Per sequence, (log Z, upper-triangular pair probabilities) under one component: ``(set, options)``,
+    a set's name or a ``.par`` path (loaded once) and its ``RNA.md`` settings."""
     import numpy as np
 
-    load_energies(component)
+    name, options = component
+    load_energies(name)
     out = []
     for sequence in sequences:
-        fc, _, log_z = vienna_ensemble(sequence)
+        fc, _, log_z = vienna_ensemble(sequence, options)
         out.append((log_z, np.triu(np.array(fc.bpp())[1:, 1:], 1)))
     return out
 
@@ -137,7 +163,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--components", default="turner2004,turner1999",
-                        help="comma-separated: ViennaRNA set names or ml:a,b,c (Turner 2004, other multiloop terms)")
+                        help="comma-separated: ViennaRNA set names or ml:a,b,c (Turner 2004, other multiloop terms), "
+                             "each with optional RNA.md settings, e.g. turner2004[noLP=1]")
     parser.add_argument("--gammas", default=",".join(map(str, GAMMAS)))
     parser.add_argument("--gates", default="", help="thresholds t of the gate<t> weighting (nats per 100 nt)")
     parser.add_argument("--weights", default="", help="fixed weights x of component 0 in pairs (0, k): w<x>")
@@ -150,9 +177,14 @@ def main(argv=None) -> int:
         components = parse_components(args.components)
     except ValueError as err:
         parser.error(str(err))
-    for c in components:
-        if not c.startswith("ml:") and c not in SETS:
-            parser.error(f"unknown component {c!r}; known: {', '.join(SETS)} or ml:a,b,c")
+    try:
+        split = [split_options(c) for c in components]
+    except ValueError as err:
+        parser.error(str(err))
+    for name, _ in split:
+        if not name.startswith("ml:") and name not in SETS:
+            parser.error(f"unknown component {name!r}; known: {', '.join(SETS)} or ml:a,b,c, each with an "
+                         "optional [RNA.md settings] suffix")
     gammas = [float(g) for g in args.gammas.split(",")]
     families = [f for f in args.families.split(",") if f]
     subsets = [s for r in range(1, len(components) + 1) for s in itertools.combinations(range(len(components)), r)]
@@ -173,8 +205,8 @@ def main(argv=None) -> int:
         done = {"setup": setup, "per_family": {}}
     per_family = done["per_family"]
     with tempfile.TemporaryDirectory() as tmp, multiprocessing.get_context("spawn").Pool(args.processes) as pool:
-        paths = [write_candidate(candidate_name(float(v) for v in c[3:].split(",")), tmp) if c.startswith("ml:")
-                 else c for c in components]
+        paths = [(write_candidate(candidate_name(float(v) for v in name[3:].split(",")), tmp)
+                  if name.startswith("ml:") else name, options) for name, options in split]
         for family in families:
             if family in per_family:
                 continue
