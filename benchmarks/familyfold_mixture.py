@@ -175,9 +175,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         components = parse_components(args.components)
-    except ValueError as err:
-        parser.error(str(err))
-    try:
         split = [split_options(c) for c in components]
     except ValueError as err:
         parser.error(str(err))

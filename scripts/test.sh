@@ -5,7 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-workers="${FOLDAX_TEST_WORKERS:-$(( $(nproc) < 2 ? $(nproc) : 2 ))}"
+cpus="$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)"
+workers="${FOLDAX_TEST_WORKERS:-$(( cpus < 2 ? cpus : 2 ))}"
+if ! [[ "$workers" =~ ^[1-9][0-9]*$ ]]; then
+  echo "scripts/test.sh: FOLDAX_TEST_WORKERS must be a positive integer, got '$workers'" >&2
+  exit 2
+fi
 if [ "$workers" -gt 1 ]; then
   exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile "$@"
 fi
