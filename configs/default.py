@@ -41,6 +41,7 @@ def get_config():
     config.data.source = "archiveii"  # "archiveii" | "files" | "synthetic"
     config.data.path = ""  # ArchiveII tsv / tarball / folder; "" = ../shared/data/archiveii (or $FOLDAX_ARCHIVEII)
     config.data.fold = "tRNA"  # held-out family ("" = the random split)
+    config.data.valid_families = ""  # "" = the other families' random 'valid' rows; or whole families, e.g. "srp" (never trained on)
     config.data.filtered = True  # only rows in the family lists (in_lis)
     config.data.train_files = ""  # your own data: comma-separated files / folders / globs (.dbn .bpseq .ct .tsv)
     config.data.valid_files = ""

@@ -5,6 +5,7 @@ from pathlib import Path
 import ml_collections
 import pytest
 
+from foldax.train.datasets import validation_families
 from foldax.train.main import _split_overrides, apply_overrides, load_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +28,9 @@ def test_config_loads(name):
     for field in ("train_files", "valid_files", "eval_files", "buckets", "max_length", "short_hairpins"):
         assert field in config.data, f"{name}: no config.data.{field}"
     assert list(config.data.buckets) == sorted(config.data.buckets)
+    # whole validation families (or "" for the training families' random 'valid' rows), overridable everywhere
+    assert validation_families(config.data.valid_families, "5s") in ((), ("tRNA",))
+    assert validation_families("srp,tRNA", "5s") == ("srp", "tRNA")
     assert config.data.max_length <= max(config.data.buckets)
     assert config.optimizer.name in ("adam", "adamw", "sgd")
     assert set(config.decoders) <= {"mea", "best"}
@@ -49,13 +53,14 @@ def test_overrides():
     config = load_config_file(str(ROOT / "configs" / "default.py"))
     rest, overrides = _split_overrides(
         ["train", "--config.batch_size=32", "--config.optimizer.learning_rate", "0.5", "--workdir", "w",
-         "--config.data.buckets=(32, 64)", "--config.progress_bar=false", "--config.data.train_files=a.dbn,b/*.ct"]
+         "--config.data.buckets=(32, 64)", "--config.progress_bar=false", "--config.data.train_files=a.dbn,b/*.ct",
+         "--config.data.valid_families=srp"]
     )
     assert rest == ["train", "--workdir", "w"]
     apply_overrides(config, overrides)
     assert config.batch_size == 32 and config.optimizer.learning_rate == 0.5
     assert tuple(config.data.buckets) == (32, 64) and config.progress_bar is False
-    assert config.data.train_files == "a.dbn,b/*.ct"
+    assert config.data.train_files == "a.dbn,b/*.ct" and config.data.valid_families == "srp"
     with pytest.raises(KeyError, match="no field"):
         apply_overrides(config, [("nope", "1")])
     with pytest.raises(ValueError):
