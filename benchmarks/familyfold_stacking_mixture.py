@@ -72,10 +72,11 @@ def model_without(models: Path, held_out: str, other: str | None, trained: set[s
     return models / f"pair_{a}_{b}" / "params.npz"
 
 
-def _batches(sequences):
-    """Index lists of sequences sharing a length bucket, at most ~2^20 chart cells each."""
-    order = sorted(range(len(sequences)), key=lambda n: len(sequences[n]))
-    bucket_of = lambda n: next(b for b in BUCKETS if len(sequences[n]) <= b)  # noqa: E731
+def _batches(lengths):
+    """``(bucket, indices)``: items of these lengths sharing a length bucket, at most ~2^20 chart cells
+    per batch."""
+    order = sorted(range(len(lengths)), key=lambda n: lengths[n])
+    bucket_of = lambda n: next(b for b in BUCKETS if lengths[n] <= b)  # noqa: E731
     groups = {}
     for n in order:
         groups.setdefault(bucket_of(n), []).append(n)
@@ -94,7 +95,7 @@ def stacking_probs(path: Path, sequences: list[str]):
 
     params = layers.load_params(str(path))
     out = [None] * len(sequences)
-    for bucket, part in _batches(sequences):
+    for bucket, part in _batches([len(s) for s in sequences]):
         tokens = np.zeros((len(part), bucket), np.int32)
         for r, n in enumerate(part):
             tokens[r, :len(sequences[n])] = np.asarray(layers.encode(sequences[n]))
@@ -130,8 +131,7 @@ def mea_f1(mixes, truths, gamma):
     from foldax import layers
 
     out = [None] * len(mixes)
-    sizes = ["x" * len(m) for m in mixes]
-    for bucket, part in _batches(sizes):
+    for bucket, part in _batches([len(m) for m in mixes]):
         batch = np.zeros((len(part), bucket, bucket), np.float32)
         for r, n in enumerate(part):
             batch[r, :len(mixes[n]), :len(mixes[n])] = mixes[n]
