@@ -24,6 +24,9 @@ structure, foldax the stacking ones (``layers.pair_probs``, float32) and the MEA
 
     bash benchmarks/train_nested_stacking.sh runs/nest          # the 24 stacking models, ~30 min
     .venv/bin/python benchmarks/familyfold_stacking_mixture.py --models runs/nest --out runs/nest/screen.json
+
+(2026-12-06, ``--weights 0,0.1,0.2,0.3,0.5 --gammas 0.5,1``: 45 min, w 0.3 and gamma 1 chosen for every
+family; BENCHMARKS.md, "A trained stacking model mixed in".)
 """
 
 from __future__ import annotations
@@ -86,6 +89,16 @@ def _batches(lengths):
             yield bucket, members[start:start + rows]
 
 
+def _padded(part):
+    """``part`` repeated up to a power of two, so that batch shapes (and compiles) repeat across families.
+
+      >>> _padded([4, 7, 9])
+      [4, 7, 9, 4]
+    """
+    size = 1 << (len(part) - 1).bit_length()
+    return [part[n % len(part)] for n in range(size)]
+
+
 def stacking_probs(path: Path, sequences: list[str]):
     """Symmetric float32 pair probabilities of each sequence under a stacking model file."""
     import jax.numpy as jnp
@@ -96,10 +109,11 @@ def stacking_probs(path: Path, sequences: list[str]):
     params = layers.load_params(str(path))
     out = [None] * len(sequences)
     for bucket, part in _batches([len(s) for s in sequences]):
-        tokens = np.zeros((len(part), bucket), np.int32)
-        for r, n in enumerate(part):
+        padded = _padded(part)
+        tokens = np.zeros((len(padded), bucket), np.int32)
+        for r, n in enumerate(padded):
             tokens[r, :len(sequences[n])] = np.asarray(layers.encode(sequences[n]))
-        probs = np.asarray(layers.pair_probs(params, jnp.asarray(tokens), jnp.asarray([len(sequences[n]) for n in part])))
+        probs = np.asarray(layers.pair_probs(params, jnp.asarray(tokens), jnp.asarray([len(sequences[n]) for n in padded])))
         for r, n in enumerate(part):
             size = len(sequences[n])
             out[n] = probs[r, :size, :size].astype(np.float32)
@@ -132,10 +146,11 @@ def mea_f1(mixes, truths, gamma):
 
     out = [None] * len(mixes)
     for bucket, part in _batches([len(m) for m in mixes]):
-        batch = np.zeros((len(part), bucket, bucket), np.float32)
-        for r, n in enumerate(part):
+        padded = _padded(part)
+        batch = np.zeros((len(padded), bucket, bucket), np.float32)
+        for r, n in enumerate(padded):
             batch[r, :len(mixes[n]), :len(mixes[n])] = mixes[n]
-        lengths = jnp.asarray([len(mixes[n]) for n in part])
+        lengths = jnp.asarray([len(mixes[n]) for n in padded])
         tables = np.asarray(layers.mea_structure(jnp.asarray(batch), lengths, gamma=gamma))
         for r, n in enumerate(part):
             out[n] = table_f1(tables[r, :len(mixes[n])], truths[n])

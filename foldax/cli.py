@@ -369,9 +369,9 @@ def run_fold(args, *, own_process: bool = False) -> int:
     for note in model.notes:
         _err(note)
     no_lonely_pairs = args.no_lonely_pairs or args.no_lp_exact
-    if no_lonely_pairs and not is_energy_params(model.params):
-        _err("error: --noLP needs energy parameters (e.g. --params turner2004); the stacking grammar has no "
-             "such option")
+    if no_lonely_pairs and not all(is_energy_params(p) for p in (model.params, *model.members)):
+        _err("error: --noLP needs energy parameters (e.g. --params turner2004); the stacking grammar (here "
+             f"{model.description}) has no such option")
         return 2
 
     stems = F.output_names(r.id for r in records)

@@ -106,7 +106,7 @@ class FoldModel:
     (then energies are printed, RNAfold style). ``description``: where the model came
     from, for messages; ``notes``: things the user should know about that choice.
     ``mea_gamma``: the MEA ``gamma`` of ``--mea`` without ``--gamma`` (a shipped set's own, or a
-    training run's ``config.gamma``). ``members``: further parameter sets of the same grammar whose
+    training run's ``config.gamma``). ``members``: further parameter sets (of either grammar) whose
     pair probabilities are mixed with ``params``' (:func:`foldax.layers.mixture_pair_probs`, with
     ``weights`` for ``(params, *members)``, default uniform; ``--params A+B`` or a registry mixture
     such as the default); such a model folds by MEA only, and its scores, free energies and log Z
@@ -490,8 +490,9 @@ def _model_of(params, provenance, *, notes=()) -> FoldModel:
 
 
 def _mixture_model(spec: str, names, *, weights=None, summary=None, mea_gamma=None) -> FoldModel:
-    """The :class:`FoldModel` of a mixture: ``names`` are shipped names or parameter files of one
-    grammar; ``weights`` default to uniform, the MEA gamma to the first member's."""
+    """The :class:`FoldModel` of a mixture: ``names`` are shipped names or parameter files (of either
+    grammar: pair probabilities are comparable across grammars); ``weights`` default to uniform, the
+    MEA gamma to the first member's, whose energies or scores are printed."""
     from foldax import parameters
 
     if len(names) < 2 or not all(names):
@@ -503,10 +504,6 @@ def _mixture_model(spec: str, names, *, weights=None, summary=None, mea_gamma=No
             raise ValueError(f"--params {spec}: {name} is a directory; a mixture takes shipped names and "
                              f"parameter files")
         loaded.append(parameters.load(name))
-    kinds = {about.grammar for _, about in loaded}
-    if len(kinds) > 1:
-        raise ValueError(f"--params {spec}: a mixture needs parameter sets of one grammar, got "
-                         + ", ".join(f"{n} ({about.grammar})" for n, (_, about) in zip(names, loaded)))
     (first, about), rest = loaded[0], loaded[1:]
     weights = tuple(float(w) for w in (weights or (1.0,) * len(names)))
     gamma = about.mea_gamma if mea_gamma is None else mea_gamma
@@ -659,15 +656,20 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
     params = jax.tree.map(np.asarray, layers.check_params(model.params))
     no_lonely_pairs = check_no_lonely_pairs(params, no_lonely_pairs)
     if model.members:
-        params = (params, *(jax.tree.map(np.asarray, layers.check_params(m)) for m in model.members))
+        members = [jax.tree.map(np.asarray, layers.check_params(m)) for m in model.members]
+        for member in members:  # (e.g. a stacking member has no --noLP ensemble)
+            check_no_lonely_pairs(member, no_lonely_pairs)
+        params = (params, *members)
     request = Request(decoder="mea" if mea else "mfe", partition=partition, probs=probs,
                       centroid=model.energy_kT is not None and partition, energy=layers.is_energy_params(model.params),
                       min_hairpin=model.min_hairpin if min_hairpin is None else min_hairpin,
                       no_lonely_pairs=no_lonely_pairs, no_lp_ensemble=no_lp_ensemble, mixture=model.mixture)
     results: list[FoldResult | None] = [None] * len(records)
-    multiple = jax.local_device_count() if request.energy else 1
+    # (the batch is sized for the costlier grammar of a mixture's members)
+    energy = any(layers.is_energy_params(p) for p in (model.params, *model.members))
+    multiple = jax.local_device_count() if energy else 1
     if max_cells is None:
-        max_cells = ENERGY_CELLS_PER_DEVICE * multiple if request.energy else DEFAULT_MAX_CELLS
+        max_cells = ENERGY_CELLS_PER_DEVICE * multiple if energy else DEFAULT_MAX_CELLS
     for chunk, size in batches(records, batch_size=batch_size, max_cells=max_cells, multiple=multiple):
         seqs = [records[k].sequence for k in chunk]
         seqs += [seqs[0]] * (size - len(chunk))

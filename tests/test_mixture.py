@@ -149,9 +149,32 @@ def test_a_mixture_folds_by_mea_and_bad_specs_are_clear_errors(capsys, monkeypat
     assert model.notes[0].startswith("parameters: turner2004+andronescu2007: a mixture of turner2004, andronescu2007")
     assert "(weights: turner2004 0.5, andronescu2007 0.5)" in model.notes[0]
     assert _run(capsys, ["fold", sequence, "--params", "turner2004", "--gamma", "2"])[0] == 2  # needs --mea
-    rc, _, err = _run(capsys, ["fold", "GGGGAAACCCC", "--params", "turner2004+stacking", "--mea"])
-    assert rc == 1 and "one grammar" in err and "stacking (stacking)" in err
+    rc, _, err = _run(capsys, ["fold", "GGGGAAACCCC", "--params", "turner2004+stacking", "--noLP"])
+    assert rc == 2 and "--noLP needs energy parameters" in err and "turner2004+stacking" in err
     rc, _, err = _run(capsys, ["fold", "GGGGAAACCCC", "--params", "turner2004+", "--mea"])
     assert rc == 1 and "two or more parameter sets joined by '+'" in err
     rc, _, err = _run(capsys, ["fold", "GGGGAAACCCC", "--params", "turner2004+nosuchset", "--mea"])
     assert rc == 1 and "nosuchset" in err
+
+
+def test_the_shipped_mixture_with_a_stacking_member_folds_its_weighted_pair_probs():
+    """Members of both grammars mix (their pair probabilities are comparable): ``foldax fold`` of the
+    shipped ``turner2004+turner1999+stacking`` decodes the registry's weighting of the members'
+    pair probabilities at its gamma, and prints Turner 2004's free energy of that structure."""
+    from foldax.fold import InputRecord, fold_records, load_model
+
+    model = load_model("turner2004+turner1999+stacking")
+    assert model.mixture == pytest.approx((0.35, 0.35, 0.3)) and model.mea_gamma == 1.0
+    assert model.energy_kT == pytest.approx(layers.KT)  # Turner 2004's energies are printed
+    mix = layers.load_mixture("turner2004+turner1999+stacking")
+    assert [layers.is_energy_params(p) for p in mix.members] == [True, True, False]
+    sequence = "GGGAAAUCCCGCGCAUAUGCGCAAAGGGUUCGACCUGAGCUAGC"
+    [got] = fold_records(model, [InputRecord("x", sequence)], probs=True)
+    x = layers.encode(sequence)
+    probs = np.asarray(layers.mixture_pair_probs(mix.members, x, weights=mix.weights))
+    stacking_only = np.asarray(layers.pair_probs(mix.members[2], x))
+    assert np.abs(probs - stacking_only).max() > 0.05  # (so the check below sees every member)
+    assert np.abs(got.probs - probs).max() <= 1e-4
+    expected = np.asarray(layers.mea_structure(jnp.asarray(probs), gamma=mix.mea_gamma))
+    assert _mea_objective(got.structure, probs, 1.0) >= _mea_objective(expected, probs, 1.0) - 1e-4
+    assert got.energy == pytest.approx(float(layers.free_energy(mix.members[0], x, got.structure)), abs=1e-3)
