@@ -653,20 +653,17 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
     mea = mea or bool(model.members)  # a mixture has no single best-scoring structure
     programs = FoldPrograms(None) if programs is None else programs
     gamma = model.mea_gamma if gamma is None else gamma
-    params = jax.tree.map(np.asarray, layers.check_params(model.params))
-    no_lonely_pairs = check_no_lonely_pairs(params, no_lonely_pairs)
-    if model.members:
-        members = [jax.tree.map(np.asarray, layers.check_params(m)) for m in model.members]
-        for member in members:  # (e.g. a stacking member has no --noLP ensemble)
-            check_no_lonely_pairs(member, no_lonely_pairs)
-        params = (params, *members)
+    param_sets = [jax.tree.map(np.asarray, layers.check_params(p)) for p in (model.params, *model.members)]
+    for checked in param_sets:  # (every member: a stacking one has no --noLP ensemble)
+        no_lonely_pairs = check_no_lonely_pairs(checked, no_lonely_pairs)
+    params = tuple(param_sets) if model.members else param_sets[0]
     request = Request(decoder="mea" if mea else "mfe", partition=partition, probs=probs,
                       centroid=model.energy_kT is not None and partition, energy=layers.is_energy_params(model.params),
                       min_hairpin=model.min_hairpin if min_hairpin is None else min_hairpin,
                       no_lonely_pairs=no_lonely_pairs, no_lp_ensemble=no_lp_ensemble, mixture=model.mixture)
     results: list[FoldResult | None] = [None] * len(records)
     # (the batch is sized for the costlier grammar of a mixture's members)
-    energy = any(layers.is_energy_params(p) for p in (model.params, *model.members))
+    energy = any(layers.is_energy_params(p) for p in param_sets)
     multiple = jax.local_device_count() if energy else 1
     if max_cells is None:
         max_cells = ENERGY_CELLS_PER_DEVICE * multiple if energy else DEFAULT_MAX_CELLS
