@@ -26,7 +26,13 @@ structure, foldax the stacking ones (``layers.pair_probs``, float32) and the MEA
     .venv/bin/python benchmarks/familyfold_stacking_mixture.py --models runs/nest --out runs/nest/screen.json
 
 (2026-12-06, ``--weights 0,0.1,0.2,0.3,0.5 --gammas 0.5,1``: 45 min, w 0.3 and gamma 1 chosen for every
-family; BENCHMARKS.md, "A trained stacking model mixed in".)
+family; BENCHMARKS.md, "A trained stacking model mixed in".) ``--fixed W,GAMMA`` evaluates one candidate
+with each family's held-out model only (no choice, so no pair models), e.g. at full length::
+
+    .venv/bin/python benchmarks/familyfold_stacking_mixture.py --models runs/nest --out runs/nest/full.json \
+        --families 5s,srp,tRNA,tmRNA,RNaseP,grp1,16s,telomerase,23s,grp2 --max-length 3000 --fixed 0.3,1
+
+(2026-12-06: 19 min; mean F1 0.573 over 10 families, against 0.567 at w 0 and RNAfold's 0.533.)
 """
 
 from __future__ import annotations
@@ -73,6 +79,54 @@ def model_without(models: Path, held_out: str, other: str | None, trained: set[s
         return models / f"fold_{other}" / "params.npz"
     a, b = sorted((held_out, other))
     return models / f"pair_{a}_{b}" / "params.npz"
+
+
+#: The shipped stacking file (configs/default.py on all of ArchiveII's rows up to TRAIN_MAX_LENGTH).
+SHIPPED = "stacking"
+
+
+def held_out_model(models: Path, family: str, trained: set[str]):
+    """The stacking model that scores held-out ``family``: ``fold_<family>``, or, for a family with no
+    training rows and no fold model (grp2: every sequence is longer than TRAIN_MAX_LENGTH), the shipped
+    file, which never trained on it either.
+
+      >>> held_out_model(Path("/nonexistent"), "grp2", {"tRNA"})
+      'stacking'
+      >>> str(held_out_model(Path("m"), "tRNA", {"tRNA"}))
+      'm/fold_tRNA/params.npz'
+    """
+    path = model_without(models, family, None, trained)
+    return SHIPPED if family not in trained and not path.exists() else path
+
+
+def fixed_table(per_family: dict, families: list[str], fixed: tuple[float, float]) -> str:
+    """Markdown: held-out F1 of the ``fixed`` (w, gamma) candidate beside the w 0, gamma 0.5 baseline and
+    RNAfold, per family and as the mean.
+
+      >>> row = lambda model, f1: {"n_seqs": 2, "models": {"held_out": model},
+      ...                          "f1": {"rnafold": 0.5, "w0/mea0.5": 0.6, f"{model}/w0.3/mea1": f1}}
+      >>> print(fixed_table({"a": row("m/fold_a/params.npz", 0.7), "b": row("stacking", 0.8)}, ["a", "b"], (0.3, 1.0)))
+      | held-out family | seqs | stacking model | w 0.3, gamma 1 | w 0, gamma 0.5 | RNAfold |
+      |---|---:|---|---:|---:|---:|
+      | a | 2 | fold_a | 0.700 | 0.600 | 0.500 |
+      | b | 2 | stacking | 0.800 | 0.600 | 0.500 |
+      | **mean of 2** | | | **0.750** | **0.600** | **0.500** |
+    """
+    lines = [f"| held-out family | seqs | stacking model | w {fixed[0]:g}, gamma {fixed[1]:g} | w 0, gamma 0.5 | RNAfold |",
+             "|---|---:|---|---:|---:|---:|"]
+    columns = ([], [], [])
+    for family in families:
+        row = per_family[family]
+        model = row["models"]["held_out"]
+        values = (row["f1"][key(*fixed) if fixed[0] == 0 else f"{model}/{key(*fixed)}"], row["f1"][key(0.0, 0.5)],
+                  row["f1"]["rnafold"])
+        for column, value in zip(columns, values):
+            column.append(value)
+        lines.append(f"| {family} | {row['n_seqs']} | {Path(model).parent.name or model} | "
+                     + " | ".join(f"{v:.3f}" for v in values) + " |")
+    means = [sum(c) / len(c) for c in columns]
+    lines.append(f"| **mean of {len(families)}** | | | " + " | ".join(f"**{m:.3f}**" for m in means) + " |")
+    return "\n".join(lines)
 
 
 def _batches(lengths):
@@ -166,6 +220,9 @@ def main(argv=None) -> int:
     parser.add_argument("--gammas", default=",".join(map(str, GAMMAS)))
     parser.add_argument("--max-length", type=int, default=512)
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--fixed", default="", metavar="W,GAMMA",
+                        help="evaluate only this candidate (and the w 0, gamma 0.5 baseline) with each family's "
+                             "held-out model: no choice, so no pair models (e.g. at full length)")
     args = parser.parse_args(argv)
     import numpy as np
 
@@ -175,10 +232,16 @@ def main(argv=None) -> int:
     families = [f for f in args.families.split(",") if f]
     weights = [float(w) for w in args.weights.split(",")]
     gammas = [float(g) for g in args.gammas.split(",")]
+    fixed = tuple(float(v) for v in args.fixed.split(",")) if args.fixed else None
+    if fixed is not None:
+        if len(fixed) != 2:
+            parser.error(f"--fixed takes W,GAMMA, got {args.fixed!r}")
+        weights, gammas = sorted({0.0, fixed[0]}), sorted({0.5, fixed[1]})
     if 0.0 not in weights or 0.5 not in gammas:
         parser.error("--weights must include 0 and --gammas 0.5: the shipped mixture (w 0, gamma 0.5) is the baseline")
     trained = {f for f in families if family_examples(f, TRAIN_MAX_LENGTH)}
-    setup = {"families": families, "weights": weights, "gammas": gammas, "max_length": args.max_length}
+    setup = {"families": families, "weights": weights, "gammas": gammas, "max_length": args.max_length,
+             "fixed": list(fixed or ())}
     done = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
     if done.get("setup") != setup:
         done = {"setup": setup, "per_family": {}}
@@ -190,12 +253,13 @@ def main(argv=None) -> int:
             t0 = time.time()
             examples = family_examples(family, args.max_length)
             sequences = [ex["sequence"] for ex in examples]
-            needed = {"held_out": model_without(models, family, None, trained)}
-            needed.update({f"without_{f}": model_without(models, f, family, trained) for f in families if f != family})
-            missing = sorted({str(p) for p in needed.values() if not p.exists()})
+            needed = {"held_out": held_out_model(models, family, trained)}
+            if fixed is None:
+                needed.update({f"without_{f}": model_without(models, f, family, trained) for f in families if f != family})
+            missing = sorted({str(p) for p in needed.values() if str(p) != SHIPPED and not p.exists()})
             if missing:
                 parser.error(f"missing stacking models: {', '.join(missing)} (see the module docstring)")
-            paths = sorted(set(needed.values()))
+            paths = sorted(set(needed.values()), key=str)
             turner = pool.map(turner_probs, sequences, chunksize=4)
             truths = [np.asarray(ex["pair_table"]) for ex in examples]
             scores = {"rnafold": float(np.mean([table_f1(from_dot_bracket(mfe), t) for (_, mfe), t in zip(turner, truths)]))}
@@ -212,6 +276,10 @@ def main(argv=None) -> int:
             per_family[family] = {"n_seqs": len(sequences), "models": {k: str(v) for k, v in needed.items()}, "f1": scores}
             Path(args.out).write_text(json.dumps(done, indent=1))
             print(f"# {family}: {len(sequences)} sequences, {len(paths)} models, {time.time() - t0:.0f} s", flush=True)
+
+    if fixed is not None:
+        print(fixed_table(per_family, families, fixed))
+        return 0
 
     def f1(family, held_out, candidate):
         """F1 on ``family`` of ``candidate`` with the stacking model trained without ``held_out`` (and it)."""

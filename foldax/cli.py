@@ -15,11 +15,13 @@ what RNAfold prints::
     SEQUENCE
     STRUCTURE ( -4.50)
 
-The default parameters (:data:`foldax.parameters.DEFAULT`, ``turner2004+turner1999``) are a
-mixture: the structure is the MEA structure (gamma 0.5) of the mean of Turner 2004's and Turner
-1999's pair probabilities, the most accurate model on ArchiveII family-fold (BENCHMARKS.md), and
-its value and ``-p``'s lines are Turner 2004's. ``--params turner2004`` prints exactly what RNAfold
-prints: its minimum free energy structure and numbers.
+The default parameters (:data:`foldax.parameters.DEFAULT`, ``turner2004+turner1999+stacking``) are
+a mixture: the structure is the MEA structure (gamma 1) of ``0.35 P_turner2004 + 0.35 P_turner1999 +
+0.3 P_stacking`` (pair probabilities of Turner 2004, Turner 1999 and the stacking model trained on
+ArchiveII), the most accurate model on ArchiveII family-fold (BENCHMARKS.md), and its value and
+``-p``'s lines are Turner 2004's. With ``--noLP`` (energy parameters only) the default is
+``turner2004+turner1999`` (:data:`foldax.parameters.DEFAULT_ENERGY`). ``--params turner2004`` prints
+exactly what RNAfold prints: its minimum free energy structure and numbers.
 
 For energy parameters (Turner) the value is the structure's free energy in kcal/mol
 and ``-p`` adds RNAfold's three lines: the pseudo-bracket summary of the pair
@@ -45,7 +47,7 @@ energy model). Output files with ``-o PREFIX`` (PREFIX may be a directory:
   had one) and the arc diagram.
 
 ``--params`` takes a shipped parameter set or mixture by name (``turner2004``, ``stacking``,
-``handset``, ``turner2004+turner1999``: :mod:`foldax.parameters`; ``--model NAME`` is the same),
+``handset``, ``turner2004+turner1999+stacking``: :mod:`foldax.parameters`; ``--model NAME`` is the same),
 ``A+B`` (a uniform mixture, folded by MEA), a parameter file
 (``.par``, ``.json``, ``.npz``) or a training workdir: then the workdir's best checkpoint
 (``--checkpoint latest``: its latest) is restored as the whole model -- a neural model
@@ -74,6 +76,7 @@ import os
 import sys
 
 from foldax.parameters import DEFAULT as DEFAULT_PARAMS  # no JAX: that starts after the command line is read
+from foldax.parameters import DEFAULT_ENERGY
 
 FORWARDED = ("train", "eval", "export-params")
 #: Records folded (and kept in memory) at a time: fewer when each keeps its [n, n] pair probabilities.
@@ -154,9 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "file (.par ViennaRNA parameter file, .json Turner tables, .npz from 'foldax "
                            "export-params'), a training workdir (its best checkpoint, the whole model), or "
                            "A+B: a mixture of sets or files, folded by MEA from their mean pair "
-                           f"probabilities; default: {DEFAULT_PARAMS}, the MEA structure of Turner 2004's and "
-                           "Turner 1999's mean pair probabilities (the most accurate on ArchiveII family-fold, "
-                           "see BENCHMARKS.md; --params turner2004 prints RNAfold's MFE). stderr says which "
+                           f"probabilities; default: {DEFAULT_PARAMS}, the MEA structure of Turner 2004's, "
+                           "Turner 1999's and the trained stacking model's weighted pair probabilities (the most "
+                           "accurate on ArchiveII family-fold, see BENCHMARKS.md; with --noLP "
+                           f"{DEFAULT_ENERGY}; --params turner2004 prints RNAfold's MFE). stderr says which "
                            "parameters were used and where they came from")
     fold.add_argument("--model", metavar="NAME", help="the same as --params NAME (a shipped parameter set)")
     fold.add_argument("--checkpoint", choices=("best", "latest"), default=None,
@@ -166,8 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="print the maximum expected accuracy structure (from pair probabilities) "
                            "instead of the best-scoring one (a mixture, the default too, always does)")
     fold.add_argument("--gamma", type=_pos_float, default=None,
-                      help="MEA pair weight (needs --mea or a mixture; default: the parameters' own: 0.5 for "
-                           "turner2004 and the default mixture, "
+                      help="MEA pair weight (needs --mea or a mixture; default: the parameters' own: 1 for "
+                           "the default mixture, 0.5 for turner2004 and turner2004+turner1999, "
                            "a training run's config.gamma, else 1.0)")
     fold.add_argument("-p", "--partition", action="store_true",
                       help="also compute log Z and base-pair probabilities (ensemble line; _bpp.txt with -o)")
@@ -361,14 +365,19 @@ def run_fold(args, *, own_process: bool = False) -> int:
         _err(f"error: {err}")
         return 2
     programs = _program_cache(own_process)
+    no_lonely_pairs = args.no_lonely_pairs or args.no_lp_exact
+    spec = args.params
+    if spec is None and no_lonely_pairs:  # the default's stacking member has no --noLP
+        spec = DEFAULT_ENERGY
+        _err(f"--noLP needs energy parameters: folding with {DEFAULT_ENERGY}, the default without its "
+             f"stacking member")
     try:
-        model = F.load_model(args.params, checkpoint=args.checkpoint or "best")
+        model = F.load_model(spec, checkpoint=args.checkpoint or "best")
     except (OSError, ValueError) as err:
         _err(f"error: {err}")
         return 1
     for note in model.notes:
         _err(note)
-    no_lonely_pairs = args.no_lonely_pairs or args.no_lp_exact
     if no_lonely_pairs and not all(is_energy_params(p) for p in (model.params, *model.members)):
         _err("error: --noLP needs energy parameters (e.g. --params turner2004); the stacking grammar (here "
              f"{model.description}) has no such option")

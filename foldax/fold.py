@@ -447,9 +447,9 @@ def load_model(path: str | None, *, checkpoint: str = "best") -> FoldModel:
       ``phi`` network -- with the run's ``min_hairpin``. A ``params.npz`` there is
       not used (it may be older than the checkpoints); a note says so.
     * another directory with a ``params.npz``: that file (a note says so).
-    * a registry mixture (:func:`foldax.parameters.mixtures`; the default ``turner2004+turner1999``):
-      its members, weights and MEA gamma, with its provenance.
-    * ``A+B[+...]`` (not an existing path): a mixture of shipped sets or parameter files of one
+    * a registry mixture (:func:`foldax.parameters.mixtures`; the default
+      ``turner2004+turner1999+stacking``): its members, weights and MEA gamma, with its provenance.
+    * ``A+B[+...]`` (not an existing path): a mixture of shipped sets or parameter files of either
       grammar, their pair probabilities averaged (:attr:`FoldModel.members`); it folds by MEA
       at ``A``'s gamma, and its energies are ``A``'s.
 

@@ -13,8 +13,12 @@ A name is looked up in the registry ``layers/data/registry.json`` (:func:`shippe
 ``foldax fold --params A+B`` mixes sets (:func:`foldax.fold.load_model`); each is loaded here. The
 registry also names mixtures (:func:`mixtures`):
 
+* ``turner2004+turner1999+stacking`` -- the MEA structure (gamma 1) of ``0.35 P_turner2004 +
+  0.35 P_turner1999 + 0.3 P_stacking``, the weight and gamma chosen by a nested family-fold on
+  ArchiveII (BENCHMARKS.md, "A trained stacking model mixed in"): :data:`DEFAULT`;
 * ``turner2004+turner1999`` -- the MEA structure (gamma 0.5) of the mean of Turner 2004's and Turner
-  1999's pair probabilities, chosen by family-fold on ArchiveII (BENCHMARKS.md).
+  1999's pair probabilities, chosen by family-fold on ArchiveII (BENCHMARKS.md): energy parameters
+  only, so ``--noLP`` without ``--params`` folds with it (:data:`DEFAULT_ENERGY`).
 
 :data:`DEFAULT` is what ``foldax fold`` uses without ``--params``. A path may be a ViennaRNA
 ``.par`` file (:func:`foldax.layers.load_parameter_file`), a ``.json`` Turner table file in the
@@ -33,12 +37,18 @@ import json
 import os
 from functools import lru_cache
 
-__all__ = ["DEFAULT", "Provenance", "shipped", "mixtures", "is_mixture", "load"]
+__all__ = ["DEFAULT", "DEFAULT_ENERGY", "Provenance", "shipped", "mixtures", "is_mixture", "load"]
 
 #: The parameters ``foldax fold`` folds with when no ``--params`` is given: a mixture of the registry,
-#: the most accurate model on ArchiveII family-fold (CLL fine-tuning of the Turner tables selected
-#: Turner 2004 itself, so no fine-tuned file ships; BENCHMARKS.md). ``--params turner2004`` is RNAfold.
-DEFAULT = "turner2004+turner1999"
+#: the most accurate model on ArchiveII family-fold, full length (mean F1 0.573 over 10 held-out
+#: families, against 0.567 for :data:`DEFAULT_ENERGY` and RNAfold's 0.533; CLL fine-tuning of the
+#: Turner tables selected Turner 2004 itself, so no fine-tuned file ships; BENCHMARKS.md).
+#: ``--params turner2004`` is RNAfold.
+DEFAULT = "turner2004+turner1999+stacking"
+
+#: What ``foldax fold`` folds with when an option needs energy parameters (``--noLP``) and no
+#: ``--params`` is given: :data:`DEFAULT` without its stacking member, which has no such option.
+DEFAULT_ENERGY = "turner2004+turner1999"
 
 REGISTRY = "registry.json"
 

@@ -16,8 +16,8 @@ a shipped name      :func:`shipped_params` (``layers/data/registry.json``): ``"t
 ==================  ==========================================================================
 
 ``foldax fold --params NAME|FILE`` reads the same names and files. A registry *mixture*
-(:func:`shipped_mixtures`, e.g. ``"turner2004+turner1999"``, what ``foldax fold`` folds with by
-default) is several sets whose pair probabilities are averaged: :func:`load_mixture` loads it.
+(:func:`shipped_mixtures`, e.g. ``"turner2004+turner1999+stacking"``, what ``foldax fold`` folds with
+by default) is several sets whose pair probabilities are averaged: :func:`load_mixture` loads it.
 
 The JSON format (``"format": "foldax-params-1"``) holds every table as nested lists of
 numbers in its own units (kcal/mol for Turner tables, natural-log scores for stacking),

@@ -569,29 +569,42 @@ def test_a_registry_entry_without_its_file_is_a_clear_error(capsys, monkeypatch)
         layers.load_params("future")
 
 
-def test_default_parameters_are_the_turner_mixture(monkeypatch):
-    """Without --params: :data:`foldax.parameters.DEFAULT`, the registry's mixture of Turner 2004 and
-    Turner 1999 (an energy model folded by MEA at gamma 0.5; checked without folding)."""
+def test_default_parameters_are_the_trained_mixture(monkeypatch):
+    """Without --params: :data:`foldax.parameters.DEFAULT`, the registry's mixture of Turner 2004,
+    Turner 1999 and the trained stacking model (folded by MEA at gamma 1, printing Turner 2004's
+    energies; checked without folding), measured at full length in its family-fold record."""
     from foldax import fold as F
     from foldax import parameters
 
     model = F.load_model(None)
-    assert parameters.is_mixture(None) and parameters.DEFAULT == "turner2004+turner1999"
+    assert parameters.is_mixture(None) and parameters.DEFAULT == "turner2004+turner1999+stacking"
     assert model.energy_kT == pytest.approx(layers.KT) and layers.is_energy_params(model.params)
     assert model.notes[0].startswith(f"parameters: {parameters.DEFAULT}: ")
-    assert model.mixture == (0.5, 0.5) and model.mea_gamma == 0.5
+    assert model.mixture == pytest.approx((0.35, 0.35, 0.3)) and model.mea_gamma == 1.0
     turner, t1999 = layers.load_params("turner2004"), layers.load_params("turner1999")
     np.testing.assert_allclose(model.params["int22"], turner["int22"], rtol=1e-6)  # (float64 here: x64 tests)
     np.testing.assert_allclose(model.members[0]["int22"], t1999["int22"], rtol=1e-6)
     assert not np.array_equal(turner["int22"], t1999["int22"])
+    stacking = layers.load_params("stacking")
+    assert not layers.is_energy_params(model.members[1])
+    np.testing.assert_allclose(model.members[1]["stack"], stacking["stack"], rtol=1e-6)
     assert F.load_model("handset").energy_kT is None
+    # its record: every family, full length, above RNAfold on the mean
+    record = parameters.mixtures()[parameters.DEFAULT]["familyfold"]["full_length"]
+    rows = record["per_family"].values()
+    assert len(rows) == 10 and record["mean_of_10"] == pytest.approx(np.mean([r["f1"] for r in rows]), abs=1e-4)
+    assert record["mean_of_10"] > record["rnafold_mean_of_10"]
+    # the energy-only default (--noLP): the same mixture without its stacking member
+    energy = F.load_model(parameters.DEFAULT_ENERGY)
+    assert all(layers.is_energy_params(p) for p in (energy.params, *energy.members))
+    assert energy.mixture == (0.5, 0.5) and energy.mea_gamma == 0.5
     # From Python: layers.load_mixture; load_params names the mixture's members instead
     mixture = layers.load_mixture(parameters.DEFAULT)
-    assert mixture.weights == (0.5, 0.5) and mixture.mea_gamma == 0.5
+    assert mixture.weights == pytest.approx((0.35, 0.35, 0.3)) and mixture.mea_gamma == 1.0
     np.testing.assert_array_equal(mixture.members[1]["int22"], t1999["int22"])
-    with pytest.raises(ValueError, match=r"a mixture of turner2004, turner1999 .*layers.load_mixture"):
+    with pytest.raises(ValueError, match=r"a mixture of turner2004, turner1999, stacking .*layers.load_mixture"):
         layers.load_params(parameters.DEFAULT)
-    with pytest.raises(ValueError, match="a mixture of turner2004, turner1999"):
+    with pytest.raises(ValueError, match="a mixture of turner2004, turner1999, stacking"):
         parameters.load(parameters.DEFAULT)
     with pytest.raises(FileNotFoundError, match="not a shipped mixture"):
         layers.load_mixture("turner2004")

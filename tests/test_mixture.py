@@ -136,14 +136,15 @@ def test_a_mixture_folds_by_mea_and_bad_specs_are_clear_errors(capsys, monkeypat
     from foldax import cli, programs
     from foldax.fold import load_model
 
-    shared = programs.FoldPrograms(None)  # one compiled program for the three calls
+    shared = programs.FoldPrograms(None)  # one compiled program per mixture
     monkeypatch.setattr(cli, "_program_cache", lambda own_process: shared)
     sequence = "GCAUUAACAUGGCGUAUACUUAUUCCUUGCAUCGGACGAG"
-    with_mea = _run(capsys, ["fold", sequence, "--params", "turner2004+turner1999", "--mea"])
-    assert with_mea[0] == 0, with_mea[2]
-    assert _run(capsys, ["fold", sequence, "--params", "turner2004+turner1999"])[1] == with_mea[1]
+    for spec in ("turner2004+turner1999", "turner2004+turner1999+stacking"):
+        with_mea = _run(capsys, ["fold", sequence, "--params", spec, "--mea"])
+        assert with_mea[0] == 0, with_mea[2]
+        assert _run(capsys, ["fold", sequence, "--params", spec])[1] == with_mea[1]
     assert _run(capsys, ["fold", sequence])[1] == with_mea[1]  # the default
-    assert shared.stats["compiled"] == 1
+    assert shared.stats["compiled"] == 2
     model = load_model("turner2004+andronescu2007")
     assert model.mixture == (0.5, 0.5) and model.mea_gamma == 0.5  # turner2004's
     assert model.notes[0].startswith("parameters: turner2004+andronescu2007: a mixture of turner2004, andronescu2007")

@@ -243,6 +243,14 @@ def test_fold_command_no_lp(RNA, capsys):
     for flag in ("--noLP", "--noLP-exact"):
         assert main(["fold", flag, "--params", "handset", seq]) == 2
         assert "--noLP needs energy parameters" in capsys.readouterr().err
+    # Without --params: the default's stacking member has no --noLP, so its energy members fold, and
+    # stderr says so
+    assert main(["fold", "--noLP", "--params", "turner2004+turner1999", seq]) == 0
+    energy_only = capsys.readouterr().out
+    assert main(["fold", "--noLP", seq]) == 0
+    out, err = capsys.readouterr()
+    assert out == energy_only and "folding with turner2004+turner1999, the default without its stacking" in err
+    assert "parameters: turner2004+turner1999: " in err
 
 
 @pytest.mark.slow
