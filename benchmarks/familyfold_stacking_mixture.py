@@ -61,6 +61,16 @@ def key(w: float, gamma: float) -> str:
     return f"w{w:g}/mea{gamma:g}"
 
 
+def score_key(model, w: float, gamma: float) -> str:
+    """The per-family score's key of candidate ``(w, gamma)`` with stacking model ``model``; at w 0 the
+    candidate is the two-way mixture, the same for every model.
+
+      >>> score_key("m/fold_a/params.npz", 0.3, 1.0), score_key("m/fold_a/params.npz", 0.0, 0.5)
+      ('m/fold_a/params.npz/w0.3/mea1', 'w0/mea0.5')
+    """
+    return key(w, gamma) if w == 0 else f"{model}/{key(w, gamma)}"
+
+
 def model_without(models: Path, held_out: str, other: str | None, trained: set[str]) -> Path:
     """The stacking model trained without ``held_out`` and (if given) ``other``.
 
@@ -118,8 +128,7 @@ def fixed_table(per_family: dict, families: list[str], fixed: tuple[float, float
     for family in families:
         row = per_family[family]
         model = row["models"]["held_out"]
-        values = (row["f1"][key(*fixed) if fixed[0] == 0 else f"{model}/{key(*fixed)}"], row["f1"][key(0.0, 0.5)],
-                  row["f1"]["rnafold"])
+        values = (row["f1"][score_key(model, *fixed)], row["f1"][key(0.0, 0.5)], row["f1"]["rnafold"])
         for column, value in zip(columns, values):
             column.append(value)
         lines.append(f"| {family} | {row['n_seqs']} | {Path(model).parent.name or model} | "
@@ -264,7 +273,7 @@ def main(argv=None) -> int:
             truths = [np.asarray(ex["pair_table"]) for ex in examples]
             scores = {"rnafold": float(np.mean([table_f1(from_dot_bracket(mfe), t) for (_, mfe), t in zip(turner, truths)]))}
             for g in gammas:  # w = 0: the shipped two-way mixture, the same for every stacking model
-                scores[key(0.0, g)] = float(np.mean(mea_f1([p for p, _ in turner], truths, g)))
+                scores[score_key(None, 0.0, g)] = float(np.mean(mea_f1([p for p, _ in turner], truths, g)))
             for path in paths:
                 stacking = stacking_probs(path, sequences)
                 for w in weights:
@@ -272,7 +281,7 @@ def main(argv=None) -> int:
                         continue
                     mixes = [(1 - w) * t + w * st for (t, _), st in zip(turner, stacking)]
                     for g in gammas:
-                        scores[f"{path}/{key(w, g)}"] = float(np.mean(mea_f1(mixes, truths, g)))
+                        scores[score_key(path, w, g)] = float(np.mean(mea_f1(mixes, truths, g)))
             per_family[family] = {"n_seqs": len(sequences), "models": {k: str(v) for k, v in needed.items()}, "f1": scores}
             Path(args.out).write_text(json.dumps(done, indent=1))
             print(f"# {family}: {len(sequences)} sequences, {len(paths)} models, {time.time() - t0:.0f} s", flush=True)
@@ -284,9 +293,8 @@ def main(argv=None) -> int:
     def f1(family, held_out, candidate):
         """F1 on ``family`` of ``candidate`` with the stacking model trained without ``held_out`` (and it)."""
         row = per_family[family]
-        w = candidate[0]
         model = row["models"]["held_out" if family == held_out else f"without_{held_out}"]
-        return row["f1"][key(*candidate) if w == 0 else f"{model}/{key(*candidate)}"]
+        return row["f1"][score_key(model, *candidate)]
 
     candidates = [(w, g) for w in weights for g in gammas]
     lines = ["| held-out family | seqs | chosen (w, gamma) on the others | its F1 | w = 0, gamma 0.5 | RNAfold |",
