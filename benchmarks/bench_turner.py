@@ -5,6 +5,7 @@
     python benchmarks/bench_turner.py --section batch --devices 2          # 64 x 200 nt, both cores
     taskset -c 0 python benchmarks/bench_turner.py --section grad          # value_and_grad vs forward
     python benchmarks/bench_turner.py --section memory                     # peak memory, subprocesses
+    python benchmarks/bench_turner.py --section throughput --json out.json # on an accelerator
 
 single: ``layers.pair_probs`` (one inside and one outside pass: ViennaRNA's pf + bpp) of
   one random sequence, against ViennaRNA's ``fc.pf()`` with base-pair probabilities
@@ -18,6 +19,12 @@ batch: ``pair_probs`` of 64 random 200-nt sequences, the batch sharded over ``--
   (``multiprocessing``, one sequence at a time). ``--rows-per-call M``: the batch as calls of
   M rows each (each call sharded likewise), as ``foldax fold`` batches Turner parameters.
 grad: ``jax.value_and_grad`` of ``log_partition`` w.r.t. every table against the forward.
+throughput: sequences per second of ``pair_probs`` and of ``value_and_grad`` of the batch's summed
+  ``log_partition`` (a training step's core) on JAX's default device (a GPU or TPU where there is
+  one), for batches of ``--batches`` random sequences of each length in ``--sizes``. ``--json``
+  also saves, per length, the first sequences with their ensemble free energies, to check the
+  device's float32 values against ViennaRNA elsewhere (``--check out.json``, on a machine with
+  ViennaRNA). A batch that does not fit in the device's memory is reported and skipped.
 memory: peak resident memory of one value_and_grad call above the process's memory just
   before it (compiled, warmed up, ``malloc_trim``; fresh interpreter per row), like
   ``bench_grad.py --section memory``.
@@ -45,6 +52,7 @@ import jax.numpy as jnp  # noqa: E402
 from foldax import layers  # noqa: E402
 
 MB = 2**20
+FLOAT32_TOLERANCE = 1e-4  # issue 11's float32 target for the partition function (relative)
 
 
 def random_sequence(rng, n):
@@ -165,6 +173,63 @@ def grad(args):
     return rows
 
 
+def throughput(args):
+    device = jax.devices()[0]
+    print(f"throughput on {device.platform} ({device.device_kind}), float32, jax {jax.__version__}")
+    params = layers.turner2004()
+    pp_program = jax.jit(lambda p, x, n: layers.pair_probs(p, x, n))
+    vg_program = jax.jit(jax.value_and_grad(lambda p, x, n: jnp.sum(layers.log_partition(p, x, n))))
+    rows, checks = [], []
+    for n in args.sizes:
+        rng = np.random.default_rng(4)
+        seqs = [random_sequence(rng, n) for _ in range(max(args.batches))]
+        tokens, lengths = layers.encode_batch(seqs)
+        energy = jax.jit(lambda p, x, n: layers.ensemble_free_energy(p, x, n))
+        head = slice(0, 8)
+        checks.append({"n": n, "sequences": seqs[head],
+                       "ensemble_free_energy": np.asarray(energy(params, tokens[head], lengths[head])).tolist()})
+        for b in args.batches:
+            x, ln = jax.device_put((tokens[:b], lengths[:b]), device)
+            row = {"n": n, "batch": b, "platform": device.platform}
+            for name, program in (("pair_probs", pp_program), ("value_and_grad", vg_program)):
+                try:
+                    t = time.perf_counter()
+                    compiled_program = program.lower(params, x, ln).compile()
+                    row[f"compile_{name}_s"] = time.perf_counter() - t
+                    row[f"{name}_s"] = timed(lambda: compiled_program(params, x, ln), args.repeats)
+                except Exception as err:  # noqa: BLE001  (out of device memory: report, go on)
+                    row[f"{name}_error"] = str(err).splitlines()[0][:200]
+            rows.append(row)
+            cells = [f"{name} " + (f"{b / row[name + '_s']:8.1f} seq/s ({row[name + '_s'] * 1e3:.0f} ms, "
+                                   f"compile {row['compile_' + name + '_s']:.0f} s)" if name + "_s" in row
+                                   else "failed: " + row[name + "_error"][:60])
+                     for name in ("pair_probs", "value_and_grad")]
+            print(f"  {n:>5} nt x {b:>4}: " + "; ".join(cells), flush=True)
+    return {"device": f"{device.platform} ({device.device_kind})", "jax": jax.__version__, "rows": rows,
+            "checks": checks}
+
+
+def check(path):
+    """The ensemble free energies a ``throughput`` run saved, against ViennaRNA's (float64 pf)."""
+    import RNA
+
+    saved = json.loads(Path(path).read_text())
+    print(f"ensemble free energies from {saved['device']} against ViennaRNA")
+    for entry in saved["checks"]:
+        worst = 0.0
+        for seq, g in zip(entry["sequences"], entry["ensemble_free_energy"]):
+            md = RNA.md()
+            md.pf_smooth = 0
+            fc = RNA.fold_compound(seq, md)
+            _, mfe = fc.mfe()
+            fc.exp_params_rescale(mfe)
+            _, reference = fc.pf()
+            worst = max(worst, abs(g - reference) / abs(reference))
+        print(f"  n={entry['n']}: {len(entry['sequences'])} sequences, largest relative difference {worst:.1e}")
+        if worst > FLOAT32_TOLERANCE:
+            raise SystemExit(f"n={entry['n']}: {worst:.1e} above the float32 target {FLOAT32_TOLERANCE:g}")
+
+
 def _rss_mb(field):
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field):
@@ -202,7 +267,7 @@ def memory(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--section", choices=["single", "batch", "grad", "memory"], default="single")
+    ap.add_argument("--section", choices=["single", "batch", "grad", "memory", "throughput"], default="single")
     ap.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")], default=None)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batch", type=int, default=64)
@@ -211,14 +276,22 @@ def main():
     ap.add_argument("--devices", type=int, default=1)
     ap.add_argument("--no-lonely-pairs", action="store_true", help="single section: RNAfold's --noLP on both sides")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[16, 64, 256],
+                    help="throughput section: batch sizes")
+    ap.add_argument("--check", default=None, help="a throughput run's --json file: its values against ViennaRNA")
     ap.add_argument("--memory-row", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.check:
+        check(args.check)
+        return
     if args.memory_row is not None:
         print(json.dumps(memory_row(args.memory_row)))
         return
-    defaults = {"single": [200, 500, 1000, 2000], "grad": [200, 500, 1000], "memory": [1000, 4000]}
+    defaults = {"single": [200, 500, 1000, 2000], "grad": [200, 500, 1000], "memory": [1000, 4000],
+                "throughput": [200, 500]}
     args.sizes = args.sizes or defaults.get(args.section, [])
-    result = {"single": single, "batch": batch, "grad": grad, "memory": memory}[args.section](args)
+    sections = {"single": single, "batch": batch, "grad": grad, "memory": memory, "throughput": throughput}
+    result = sections[args.section](args)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
 

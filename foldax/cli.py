@@ -185,6 +185,17 @@ def build_parser() -> argparse.ArgumentParser:
     fold.add_argument("--noLP-exact", dest="no_lp_exact", action="store_true",
                       help="--noLP, and -p's ensemble is exactly the structures without lonely pairs (its "
                            "ensemble free energy is higher than RNAfold's -p --noLP)")
+    fold.add_argument("-C", "--constraint", action="store_true",
+                      help="hard constraints, as RNAfold -C: in FASTA-like input the line after each sequence "
+                           "is its constraint (instead of a reference structure): '.' none, 'x' unpaired, "
+                           "'<' / '>' paired with a later / earlier base or unpaired, '( )' paired together or "
+                           "unpaired, with no pair crossing them. '|' (must pair) has no effect, as in RNAfold "
+                           "without --enforceConstraint, and stderr says so. A '( )' of bases that cannot "
+                           "pair (AU GC GU) is an error. Records without a constraint line fold unconstrained")
+    fold.add_argument("--enforceConstraint", dest="enforce_constraint", action="store_true",
+                      help="RNAfold's option to require the constraint's pairs: not supported (foldax's "
+                           "constraints forbid pairs, and an enforced pair also forbids its bases to stay "
+                           "unpaired); exits with status 2")
     fold.add_argument("--format", choices=("dbn", "bpseq", "ct"), default="dbn", help="output format (default dbn)")
     fold.add_argument("-o", "--prefix", metavar="PREFIX",
                       help="also write one file per record: PREFIX<id>.<format> (PREFIX may be a directory 'dir/')")
@@ -345,7 +356,11 @@ def _progress_bar(total: int):
 def run_fold(args, *, own_process: bool = False) -> int:
     from foldax import fold as F
 
-    items = F.read_inputs(args.inputs, args.input)
+    if args.enforce_constraint:
+        _err("error: --enforceConstraint is not supported: -C's constraints only forbid pairs ('( )' lets both "
+             "bases stay unpaired, as RNAfold -C without --enforceConstraint)")
+        return 2
+    items = F.read_inputs(args.inputs, args.input, constraints=args.constraint)
     errors = [it for it in items if isinstance(it, F.InputError)]
     records = [it for it in items if not isinstance(it, F.InputError)]
     for error in errors:
@@ -356,6 +371,16 @@ def run_fold(args, *, own_process: bool = False) -> int:
     if not records:
         _err("error: no sequences to fold" + (" (all records were invalid)" if errors else ""))
         return 1
+    from foldax.layers.constraints import must_pair_positions
+
+    ignored = {r.id: must_pair_positions(r.constraint) for r in records if r.constraint}
+    ignored = {rid: positions for rid, positions in ignored.items() if positions}
+    if ignored:
+        shown = "; ".join(f"{rid}: {', '.join(str(p + 1) for p in positions)}" for rid, positions in
+                          list(ignored.items())[:4]) + (f"; and {len(ignored) - 4} more records" if len(ignored) > 4
+                                                        else "")
+        _err(f"note: '|' (must pair) has no effect, as in RNAfold -C without --enforceConstraint (positions, "
+             f"1-based: {shown})")
     from foldax.layers.compiled import high_water
     from foldax.layers.inside import is_energy_params
 

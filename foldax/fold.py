@@ -17,6 +17,8 @@ Input (:func:`read_inputs`), in the habits of RNAfold:
   ``.()[]{}<>`` right after a sequence is that record's *reference* structure (so
   ``.dbn`` files work; a score such as ``(-1.20)`` after it is ignored). Blank lines
   and lines starting with ``;`` or ``#`` are skipped.
+* with ``constraints=True`` (``foldax fold -C``, as ``RNAfold -C``), the line right after a sequence
+  is instead its hard *constraint*, made of ``.x|<>()`` (:mod:`foldax.layers.constraints`).
 * ``.bpseq``, ``.ct`` and ``.tsv`` files are read with :mod:`foldax.data.formats` (their
   structures become references).
 * sequences given on the command line.
@@ -65,6 +67,9 @@ ENERGY_CELLS_PER_DEVICE = 1 << 18
 
 _STRUCTURE_LINE = re.compile(r"^[.()\[\]{}<>]+$")
 _PSEUDOKNOT_LINE = re.compile(r"^[.()\[\]{}<>A-Za-z]+$")
+#: With constraints, a line after a sequence holding any of these is its constraint (no sequence
+#: letter is one of them), so that a bad symbol is reported as a constraint error.
+_CONSTRAINT_MARK = re.compile(r"[.|<>()]")
 _SCORE_SUFFIX = re.compile(r"^[(\[{]\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?.*[)\]}]$")
 
 
@@ -84,7 +89,8 @@ class InputRecord:
 
     ``reference`` is a pair table (or None); ``source`` is ``file:line`` of the record's
     first line (or ``argument k`` / ``<stdin>:line``); ``description`` is the rest of a
-    FASTA header after the id, echoed in the dbn output as RNAfold does.
+    FASTA header after the id, echoed in the dbn output as RNAfold does. ``constraint``: a hard
+    constraint in RNAfold's notation (:func:`foldax.layers.constraint_phi`), or None.
     """
 
     id: str
@@ -92,6 +98,7 @@ class InputRecord:
     reference: np.ndarray | None = None
     source: str = ""
     description: str = ""
+    constraint: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,7 +248,7 @@ def _check_sequence(raw: str, *, where: str, record: str | None, line_of=None) -
     return raw.upper().replace("T", "U")
 
 
-def _finish(p: _Pending, auto_id) -> InputRecord:
+def _finish(p: _Pending, auto_id, constraints: bool = False) -> InputRecord:
     rid = p.id or auto_id()
     seq_raw = "".join(text for _, text in p.chunks)
 
@@ -257,6 +264,13 @@ def _finish(p: _Pending, auto_id) -> InputRecord:
         raise InputError("no sequence after the header", where=p.where, record=rid)
     seq = _check_sequence(seq_raw, where=where, record=rid, line_of=line_of)
     reference = None
+    if p.structure is not None and constraints:
+        line, text = p.structure
+        try:
+            layers.constraint_phi(text, seq)
+        except ValueError as err:
+            raise InputError(str(err), where=f"{p.name}:{line}", record=rid) from None
+        return InputRecord(rid, seq, None, p.where, p.description, constraint=text)
     if p.structure is not None:
         line, text = p.structure
         if len(text) != len(seq):
@@ -271,20 +285,26 @@ def _finish(p: _Pending, auto_id) -> InputRecord:
     return InputRecord(rid, seq, reference, p.where, p.description)
 
 
-def _is_structure(word: str, current: _Pending) -> bool:
+def _is_structure(word: str, current: _Pending, constraints: bool = False) -> bool:
     """A dot-bracket line: only ``.()[]{}<>``, or (pseudoknot letters ``Aa``..) brackets and
-    letters with exactly the length of the sequence read so far."""
-    if _STRUCTURE_LINE.match(word):
+    letters with exactly the length of the sequence read so far; with ``constraints``, any line
+    holding one of ``.|<>()``, or only ``x`` of that length (a constraint, checked by
+    :func:`foldax.layers.constraint_phi`)."""
+    read = sum(len(text) for _, text in current.chunks)
+    if _STRUCTURE_LINE.match(word) or (constraints and _CONSTRAINT_MARK.search(word)):
+        return True
+    if constraints and set(word) == {"x"} and len(word) == read:  # all unpaired
         return True
     return (_PSEUDOKNOT_LINE.match(word) is not None and any(c in word for c in ".()[]{}<>")
-            and len(word) == sum(len(text) for _, text in current.chunks))
+            and len(word) == read)
 
 
-def parse_text(text: str, name: str, auto_id) -> list[InputRecord | InputError]:
+def parse_text(text: str, name: str, auto_id, *, constraints: bool = False) -> list[InputRecord | InputError]:
     """Parses FASTA-like / dot-bracket text (see the module docstring).
 
     Returns records and :class:`InputError` items (one per bad record) in input order.
-    ``auto_id()`` gives the id of a record without a header.
+    ``auto_id()`` gives the id of a record without a header. ``constraints``: the line after a
+    sequence is its hard constraint, not a reference structure.
     """
     out: list[InputRecord | InputError] = []
     current: _Pending | None = None
@@ -293,7 +313,7 @@ def parse_text(text: str, name: str, auto_id) -> list[InputRecord | InputError]:
         nonlocal current
         if current is not None:
             try:
-                out.append(_finish(current, auto_id))
+                out.append(_finish(current, auto_id, constraints))
             except InputError as err:
                 out.append(err)
         current = None
@@ -309,7 +329,8 @@ def parse_text(text: str, name: str, auto_id) -> list[InputRecord | InputError]:
                                description=words[1].strip() if len(words) > 1 else "")
             continue
         first, *rest = stripped.split(None, 1)
-        if current is not None and current.chunks and current.structure is None and _is_structure(first, current):
+        if (current is not None and current.chunks and current.structure is None
+                and _is_structure(first, current, constraints)):
             if rest and not _SCORE_SUFFIX.match(rest[0].strip()):
                 current.structure = (line, stripped)  # reported as a bad structure
             else:
@@ -355,13 +376,14 @@ def looks_like_path(arg: str) -> bool:
     return any(c in text for c in "/\\.") or text.startswith("~")
 
 
-def read_inputs(sequences: Sequence[str] = (), input_path: str | None = None, stdin=None
-                ) -> list[InputRecord | InputError]:
+def read_inputs(sequences: Sequence[str] = (), input_path: str | None = None, stdin=None, *,
+                constraints: bool = False) -> list[InputRecord | InputError]:
     """All records to fold, in order: positional arguments, then ``input_path``.
 
     A positional argument naming an existing file is read as a file; one that
     :func:`looks_like_path` but does not exist is a "no such file" error; any other is
-    a sequence. ``input_path`` ``"-"`` (or no input at all) reads ``stdin``.
+    a sequence. ``input_path`` ``"-"`` (or no input at all) reads ``stdin``. ``constraints``: in
+    FASTA-like text the line after a sequence is its hard constraint (``foldax fold -C``).
     """
     counter = iter(range(1, 1 << 62))
 
@@ -371,7 +393,7 @@ def read_inputs(sequences: Sequence[str] = (), input_path: str | None = None, st
     items: list[InputRecord | InputError] = []
     for k, arg in enumerate(sequences, start=1):
         if os.path.isfile(arg):
-            items.extend(_read_file(arg, auto_id))
+            items.extend(_read_file(arg, auto_id, constraints))
             continue
         if os.path.isdir(arg):
             items.append(InputError(f"{arg!r} is a directory, not a sequence file", where=f"argument {k}"))
@@ -392,13 +414,13 @@ def read_inputs(sequences: Sequence[str] = (), input_path: str | None = None, st
             import sys
 
             stdin = sys.stdin
-        items.extend(parse_text(stdin.read(), "<stdin>", auto_id))
+        items.extend(parse_text(stdin.read(), "<stdin>", auto_id, constraints=constraints))
     elif input_path is not None:
-        items.extend(_read_file(input_path, auto_id))
+        items.extend(_read_file(input_path, auto_id, constraints))
     return items
 
 
-def _read_file(path: str, auto_id) -> list[InputRecord | InputError]:
+def _read_file(path: str, auto_id, constraints: bool = False) -> list[InputRecord | InputError]:
     ext = os.path.splitext(path)[1].lower()
     if ext in STRUCTURED_EXTENSIONS:
         return _read_structured(path, STRUCTURED_EXTENSIONS[ext])
@@ -407,7 +429,7 @@ def _read_file(path: str, auto_id) -> list[InputRecord | InputError]:
             text = fh.read()
     except OSError as err:
         return [InputError(f"cannot read: {err.strerror}", where=path)]
-    return parse_text(text, path, auto_id)
+    return parse_text(text, path, auto_id, constraints=constraints)
 
 
 # --------------------------------------------------------------------------- #
@@ -672,12 +694,26 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
         seqs += [seqs[0]] * (size - len(chunk))
         tokens, lengths = layers.encode_batch(seqs)
         phi = None if model.phi_fn is None else np.asarray(model.phi_fn(tokens, lengths))
+        phi = _with_constraints(phi, [records[k].constraint for k in chunk], tokens.shape)
         out = programs(request, params, tokens, lengths, phi=phi, gamma=gamma)
         for row, k in enumerate(chunk):
             results[k] = _result(records[k], out, row, int(lengths[row]), model.energy_kT, request)
         if progress is not None:
             progress(len(chunk))
     return results  # type: ignore[return-value]
+
+
+def _with_constraints(phi, constraints, shape):
+    """``phi`` [B, L, L] (or None) plus the records' hard constraints (None: unconstrained) for a batch of
+    ``shape`` (B, L), whose rows past ``constraints`` are padding."""
+    if all(c is None for c in constraints):
+        return phi
+    batch, width = shape
+    forbid = np.zeros((batch, width, width), np.float32)
+    for row, constraint in enumerate(constraints):
+        if constraint is not None:
+            forbid[row] = layers.constraint_phi(constraint, length=width)
+    return forbid if phi is None else phi + forbid
 
 
 def _free_energy(energy_kT: float, score: float, evaluated: float | None) -> float:

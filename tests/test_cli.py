@@ -798,12 +798,14 @@ def test_progress_bar_on_a_terminal_only(capsys, monkeypatch, fasta):
 # --------------------------------------------------------------------------- #
 
 
-def vienna_fold(RNA, seq, *, no_lp=False):
+def vienna_fold(RNA, seq, *, no_lp=False, constraint=None):
     """RNAfold -p's numbers for ``seq`` (ViennaRNA's Python API, md.pf_smooth = 0 as in foldax;
-    ``no_lp``: RNAfold --noLP)."""
+    ``no_lp``: RNAfold --noLP; ``constraint``: RNAfold -C's hard constraint)."""
     md = RNA.md()
     md.pf_smooth, md.uniq_ML, md.noLP = 0, 1, int(no_lp)
     fc = RNA.fold_compound(seq, md)
+    if constraint is not None:
+        fc.hc_add_from_db(constraint, RNA.CONSTRAINT_DB_DEFAULT)
     structure, mfe = fc.mfe()
     fc.exp_params_rescale(mfe)
     pseudo, ensemble = fc.pf()

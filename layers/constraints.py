@@ -1,0 +1,122 @@
+"""Hard structure constraints in RNAfold's notation (``RNAfold -C``), as pair scores ``phi``.
+
+A constraint string has one symbol per nucleotide:
+
+* ``.`` no constraint; ``x`` unpaired;
+* ``<`` paired with a later nucleotide, or unpaired; ``>`` paired with an earlier one, or unpaired;
+* matching ``(`` ``)``: i pairs with j or stays unpaired, j likewise, and no pair crosses (i, j);
+* ``|`` (must pair): no effect, as in ``RNAfold -C`` without ``--enforceConstraint``, where ViennaRNA
+  ignores it (its ``hc_add_from_db(..., CONSTRAINT_DB_DEFAULT)``; :func:`must_pair_positions` names
+  such positions so that a caller can say so).
+
+Every constraint forbids pairs, and nothing else, so it is a ``phi`` that is
+:data:`~foldax.layers.FORBIDDEN_PHI` on the forbidden pairs and 0 elsewhere: the partition function,
+pair probabilities, best structure and samples of any grammar are then those of the constrained
+ensemble. ViennaRNA's default hard constraints are the same ensemble
+(``tests/test_constraints.py`` checks pf, MFE and pair probabilities against them). ViennaRNA also
+lets ``( )`` name a pair that cannot pair canonically (with its non-standard pair energies);
+foldax's grammars have no such pair, so :func:`constraint_phi` refuses it when given the sequence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from foldax.layers.alphabet import encode
+from foldax.layers.energy_params import PAIR_INDEX
+from foldax.layers.free_energy import FORBIDDEN_PHI
+
+__all__ = ["CONSTRAINT_SYMBOLS", "allowed_pairs", "constraint_phi", "must_pair_positions"]
+
+#: The symbols of a constraint string (RNAfold's ``-C`` without ``--enforceConstraint``).
+CONSTRAINT_SYMBOLS = ".x|<>()"
+
+
+def _constraint_pairs(constraint: str) -> list[tuple[int, int]]:
+    """The matched ``( )`` of ``constraint`` (0-based); ValueError naming a bad symbol or bracket."""
+    opened, pairs = [], []
+    for pos, symbol in enumerate(constraint):
+        if symbol not in CONSTRAINT_SYMBOLS:
+            raise ValueError(f"constraint: unknown symbol {symbol!r} at position {pos + 1} (1-based; allowed: "
+                             f"{' '.join(CONSTRAINT_SYMBOLS)})")
+        if symbol == "(":
+            opened.append(pos)
+        elif symbol == ")":
+            if not opened:
+                raise ValueError(f"constraint: ')' at position {pos + 1} (1-based) closes no '('")
+            pairs.append((opened.pop(), pos))
+    if opened:
+        raise ValueError(f"constraint: '(' at position {opened[-1] + 1} (1-based) is never closed")
+    return sorted(pairs)
+
+
+def allowed_pairs(constraint: str) -> np.ndarray:
+    """``[n, n]`` bool: ``allowed[i, j]`` (both triangles) is False where the constraint forbids pair (i, j).
+
+    >>> allowed = allowed_pairs("x.<..>")
+    >>> bool(allowed[0, 5]), bool(allowed[2, 5]), bool(allowed[1, 2]), bool(allowed[2, 4])
+    (False, True, False, True)
+    >>> bool(allowed_pairs("(.)..")[1, 4])  # crosses the constraint pair (0, 2)
+    False
+    """
+    pairs = _constraint_pairs(constraint)
+    n = len(constraint)
+    symbols = np.array(list(constraint), dtype="<U1") if n else np.zeros(0, "<U1")
+    i = np.arange(n)[:, None]
+    j = np.arange(n)[None, :]
+    upper = i < j
+    # (i, j) with i < j: i is the 5' end, j the 3' end.
+    five, three = symbols[:, None], symbols[None, :]
+    ok = upper & (five != "x") & (three != "x") & (five != ">") & (three != "<")
+    for a, b in pairs:
+        only_partner = ((i == a) | (j == b) | (i == b) | (j == a)) & ~((i == a) & (j == b))
+        crossing = ((i < a) & (a < j) & (j < b)) | ((a < i) & (i < b) & (b < j))
+        ok &= ~(only_partner | crossing)
+    return ok | ok.T
+
+
+def must_pair_positions(constraint: str) -> list[int]:
+    """0-based positions marked ``|`` (must pair), which the constraint does not enforce.
+
+    >>> must_pair_positions("..|.|")
+    [2, 4]
+    """
+    return [pos for pos, symbol in enumerate(constraint) if symbol == "|"]
+
+
+def constraint_phi(constraint: str, sequence: str | None = None, *, length: int | None = None,
+                   dtype=np.float32) -> np.ndarray:
+    """The ``phi`` of a hard constraint: ``[n, n]`` (or ``[length, length]``, zero-padded for a batch),
+    :data:`~foldax.layers.FORBIDDEN_PHI` on the pairs it forbids and 0 elsewhere.
+
+    With ``sequence``, a ``( )`` pair of nucleotides that cannot pair (canonical pairs AU, GC, GU) is
+    a ValueError naming it, as is a length that differs from the sequence's.
+
+    >>> from foldax import layers
+    >>> seq = "GGGGAAACCCCAUGGAAACCAU"
+    >>> x = layers.encode(seq)
+    >>> free = float(layers.ensemble_free_energy(layers.turner2004(), x))
+    >>> held = float(layers.ensemble_free_energy(layers.turner2004(), x, phi=constraint_phi("x" * 11 + "." * 11, seq)))
+    >>> held > free
+    True
+    >>> layers.to_dot_bracket(layers.best_structure(layers.turner2004(), x,
+    ...                                             phi=constraint_phi("x" * 11 + "." * 11, seq)))
+    '...........((((...))))'
+    """
+    n = len(constraint)
+    if sequence is not None:
+        if len(sequence) != n:
+            raise ValueError(f"constraint has length {n} but the sequence has {len(sequence)}")
+        tokens = np.asarray(encode(sequence))
+        for a, b in _constraint_pairs(constraint):
+            if PAIR_INDEX[tokens[a], tokens[b]] < 0:
+                raise ValueError(
+                    f"constraint pairs positions {a + 1} and {b + 1} (1-based), {sequence[a]}-{sequence[b]}, "
+                    f"which cannot pair (canonical pairs: AU GC GU); RNAfold allows it with non-standard pair "
+                    f"energies, foldax's grammars have no such pair")
+    size = n if length is None else length
+    if size < n:
+        raise ValueError(f"constraint has length {n}, longer than length={size}")
+    phi = np.zeros((size, size), dtype)
+    phi[:n, :n] = np.where(allowed_pairs(constraint), 0.0, FORBIDDEN_PHI)
+    return phi
