@@ -53,6 +53,7 @@ from foldax import layers  # noqa: E402
 
 MB = 2**20
 FLOAT32_TOLERANCE = 1e-4  # issue 11's float32 target for the partition function (relative)
+FLOAT32_PAIR_TOLERANCE = 1e-3  # and for pair probabilities (absolute)
 
 
 def random_sequence(rng, n):
@@ -186,8 +187,10 @@ def throughput(args):
         tokens, lengths = layers.encode_batch(seqs)
         energy = jax.jit(lambda p, x, n: layers.ensemble_free_energy(p, x, n))
         head = slice(0, 8)
+        pairs = slice(0, 2)  # [2, n, n]: a few hundred kB in the JSON
         checks.append({"n": n, "sequences": seqs[head],
-                       "ensemble_free_energy": np.asarray(energy(params, tokens[head], lengths[head])).tolist()})
+                       "ensemble_free_energy": np.asarray(energy(params, tokens[head], lengths[head])).tolist(),
+                       "pair_probs": np.asarray(pp_program(params, tokens[pairs], lengths[pairs])).tolist()})
         for b in args.batches:
             x, ln = jax.device_put((tokens[:b], lengths[:b]), device)
             row = {"n": n, "batch": b, "platform": device.platform}
@@ -214,10 +217,10 @@ def check(path):
     import RNA
 
     saved = json.loads(Path(path).read_text())
-    print(f"ensemble free energies from {saved['device']} against ViennaRNA")
+    print(f"ensemble free energies and pair probabilities from {saved['device']} against ViennaRNA")
     for entry in saved["checks"]:
-        worst = 0.0
-        for seq, g in zip(entry["sequences"], entry["ensemble_free_energy"]):
+        worst, worst_pp = 0.0, 0.0
+        for k, (seq, g) in enumerate(zip(entry["sequences"], entry["ensemble_free_energy"])):
             md = RNA.md()
             md.pf_smooth = 0
             fc = RNA.fold_compound(seq, md)
@@ -225,9 +228,18 @@ def check(path):
             fc.exp_params_rescale(mfe)
             _, reference = fc.pf()
             worst = max(worst, abs(g - reference) / abs(reference))
-        print(f"  n={entry['n']}: {len(entry['sequences'])} sequences, largest relative difference {worst:.1e}")
+            if k < len(entry.get("pair_probs", [])):
+                n = len(seq)
+                bpp = np.asarray(fc.bpp())[1:n + 1, 1:n + 1]
+                reference_pp = bpp + bpp.T
+                worst_pp = max(worst_pp, float(np.abs(np.asarray(entry["pair_probs"][k])[:n, :n] - reference_pp).max()))
+        print(f"  n={entry['n']}: {len(entry['sequences'])} sequences, largest relative difference {worst:.1e}; "
+              f"pair probabilities of {len(entry.get('pair_probs', []))}: largest difference {worst_pp:.1e}")
         if worst > FLOAT32_TOLERANCE:
             raise SystemExit(f"n={entry['n']}: {worst:.1e} above the float32 target {FLOAT32_TOLERANCE:g}")
+        if worst_pp > FLOAT32_PAIR_TOLERANCE:
+            raise SystemExit(f"n={entry['n']}: pair probabilities {worst_pp:.1e} off, above the float32 target "
+                             f"{FLOAT32_PAIR_TOLERANCE:g}")
 
 
 def _rss_mb(field):

@@ -32,9 +32,19 @@ def test_throughput_values_pass_the_check_and_a_wrong_one_fails(tmp_path):
     assert good.returncode == 0, good.stdout + good.stderr
     assert "n=37: 2 sequences" in good.stdout
 
+    assert "pair probabilities of 2" in good.stdout
+
+    energies = list(result["checks"][0]["ensemble_free_energy"])
     result["checks"][0]["ensemble_free_energy"][1] *= 1.001  # 1e-3 relative: past the float32 target
     wrong = tmp_path / "wrong.json"
     wrong.write_text(json.dumps(result))
     bad = bench("--check", str(wrong))
     assert bad.returncode != 0
     assert "n=37" in bad.stderr and "above the float32 target" in bad.stderr
+
+    result["checks"][0]["ensemble_free_energy"] = energies
+    result["checks"][0]["pair_probs"][1][0][36] += 0.01  # one pair probability, 1e-2 off
+    wrong.write_text(json.dumps(result))
+    bad = bench("--check", str(wrong))
+    assert bad.returncode != 0
+    assert "pair probabilities" in bad.stderr and "above the float32 target" in bad.stderr
