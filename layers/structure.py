@@ -30,9 +30,9 @@ broadcast). Forward-only calls with one row per device -- every ``[n]`` call,
 ``foldax fold`` of a single sequence, an evaluation with one row per device --
 without ``phi`` returned wrong scores for most lengths >= 33, while
 ``value_and_grad`` (training) compiled right. Seen with jaxlib 0.11.1 - 0.12.0.1 on
-CPUs with AVX2 but without AVX-512 (or with ``XLA_FLAGS=--xla_cpu_max_isa=AVX2``);
-jaxlib 0.7.0 - 0.11.0 and AVX-512 code generation were right (GPUs compile
-differently: not checked). Every lookup here is now a gather at a data-dependent
+Intel CPUs with AVX2 code generation (``XLA_FLAGS=--xla_cpu_max_isa=AVX2``; an AMD EPYC
+with AVX2 only compiled the plain-JAX repro right); jaxlib 0.7.0 - 0.11.0 and AVX-512
+code generation were right (GPUs compile differently: not checked). Every lookup here is now a gather at a data-dependent
 index (see :func:`_batched_score`), and ``tests/test_compiled_reference.py`` checks
 the compiled functions against float64 references under AVX2 code generation.
 Should a jaxlib miscompile some other program this way,

@@ -13,7 +13,10 @@ test pins the compiler bug itself, so that a jaxlib that fixes it is noticed (th
 ``xfail`` turns into a failure) and the workaround notes can be revisited.
 
 The check runs in a subprocess so that ``XLA_FLAGS`` can select AVX2 code generation,
-which the bug needs, on any x86-64 CPU that has AVX2 (AVX-512 CPUs included).
+which the bug needs, on any x86-64 CPU that has AVX2 (AVX-512 CPUs included). LLVM also tunes
+for the CPU it runs on: on an AMD EPYC (Zen 3, AVX2 only; 2026-12-06) the same jaxlib compiled
+``f`` right, with or without the flag, so the strict ``xfail`` pins the bug on Intel CPUs, where
+it was seen, and the check is skipped on others.
 """
 
 import os
@@ -67,10 +70,20 @@ def _run(script: str, xla_flags: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+def _cpu_vendor() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
+    except OSError:
+        return ""
+
+
 needs_avx2 = pytest.mark.skipif(not _has_avx2(), reason="the bug needs AVX2 code generation (an x86-64 CPU with AVX2)")
 
 
 @needs_avx2
+@pytest.mark.skipif(_cpu_vendor() != "GenuineIntel",
+                    reason="the miscompilation was seen on Intel CPUs; an AMD EPYC (Zen 3) compiled it right")
 @pytest.mark.xfail(
     _jaxlib_version() >= (0, 12, 0),
     strict=True,
