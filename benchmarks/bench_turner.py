@@ -22,9 +22,9 @@ grad: ``jax.value_and_grad`` of ``log_partition`` w.r.t. every table against the
 throughput: sequences per second of ``pair_probs`` and of ``value_and_grad`` of the batch's summed
   ``log_partition`` (a training step's core) on JAX's default device (a GPU or TPU where there is
   one), for batches of ``--batches`` random sequences of each length in ``--sizes``. ``--json``
-  also saves, per length, the first sequences with their ensemble free energies, to check the
-  device's float32 values against ViennaRNA elsewhere (``--check out.json``, on a machine with
-  ViennaRNA). A batch that does not fit in the device's memory is reported and skipped.
+  also saves, per length, the first 8 sequences with their ensemble free energies (and the pair
+  probabilities of the first 2), to check the device's float32 values against ViennaRNA elsewhere
+  (``--check out.json``, on a machine with ViennaRNA). A batch that does not fit in the device's memory is reported and skipped.
 memory: peak resident memory of one value_and_grad call above the process's memory just
   before it (compiled, warmed up, ``malloc_trim``; fresh interpreter per row), like
   ``bench_grad.py --section memory``.
@@ -213,7 +213,8 @@ def throughput(args):
 
 
 def check(path):
-    """The ensemble free energies a ``throughput`` run saved, against ViennaRNA's (float64 pf)."""
+    """The ensemble free energies and pair probabilities a ``throughput`` run saved, against ViennaRNA's
+    ``pf()`` and ``bpp()``; exits nonzero past the float32 targets."""
     import RNA
 
     saved = json.loads(Path(path).read_text())
@@ -231,8 +232,8 @@ def check(path):
             if k < len(entry.get("pair_probs", [])):
                 n = len(seq)
                 bpp = np.asarray(fc.bpp())[1:n + 1, 1:n + 1]
-                reference_pp = bpp + bpp.T
-                worst_pp = max(worst_pp, float(np.abs(np.asarray(entry["pair_probs"][k])[:n, :n] - reference_pp).max()))
+                got = np.asarray(entry["pair_probs"][k])[:n, :n]
+                worst_pp = max(worst_pp, float(np.abs(got - (bpp + bpp.T)).max()))
         print(f"  n={entry['n']}: {len(entry['sequences'])} sequences, largest relative difference {worst:.1e}; "
               f"pair probabilities of {len(entry.get('pair_probs', []))}: largest difference {worst_pp:.1e}")
         if worst > FLOAT32_TOLERANCE:
