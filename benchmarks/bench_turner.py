@@ -24,7 +24,8 @@ throughput: sequences per second of ``pair_probs`` and of ``value_and_grad`` of 
   one), for batches of ``--batches`` random sequences of each length in ``--sizes``. ``--json``
   also saves, per length, the first 8 sequences with their ensemble free energies (and the pair
   probabilities of the first 2), to check the device's float32 values against ViennaRNA elsewhere
-  (``--check out.json``, on a machine with ViennaRNA). A batch that does not fit in the device's memory is reported and skipped.
+  (``--check out.json``, on a machine with ViennaRNA). A batch that does not fit in the device's
+  memory is reported and skipped.
 memory: peak resident memory of one value_and_grad call above the process's memory just
   before it (compiled, warmed up, ``malloc_trim``; fresh interpreter per row), like
   ``bench_grad.py --section memory``.
@@ -180,12 +181,12 @@ def throughput(args):
     params = layers.turner2004()
     pp_program = jax.jit(lambda p, x, n: layers.pair_probs(p, x, n))
     vg_program = jax.jit(jax.value_and_grad(lambda p, x, n: jnp.sum(layers.log_partition(p, x, n))))
+    energy = jax.jit(lambda p, x, n: layers.ensemble_free_energy(p, x, n))
     rows, checks = [], []
     for n in args.sizes:
         rng = np.random.default_rng(4)
         seqs = [random_sequence(rng, n) for _ in range(max(args.batches))]
         tokens, lengths = layers.encode_batch(seqs)
-        energy = jax.jit(lambda p, x, n: layers.ensemble_free_energy(p, x, n))
         head = slice(0, 8)
         pairs = slice(0, 2)  # [2, n, n]: a few hundred kB in the JSON
         checks.append({"n": n, "sequences": seqs[head],

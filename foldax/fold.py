@@ -52,6 +52,7 @@ import jax
 import numpy as np
 
 from foldax import layers
+from foldax.layers.constraints import check_constraint
 from foldax.layers.dotbracket import StructureError, from_dot_bracket, pairs_from_table, to_dot_bracket
 from foldax.layers.inside import check_no_lonely_pairs
 
@@ -267,7 +268,7 @@ def _finish(p: _Pending, auto_id, constraints: bool = False) -> InputRecord:
     if p.structure is not None and constraints:
         line, text = p.structure
         try:
-            layers.constraint_phi(text, seq)
+            check_constraint(text, seq)
         except ValueError as err:
             raise InputError(str(err), where=f"{p.name}:{line}", record=rid) from None
         return InputRecord(rid, seq, None, p.where, p.description, constraint=text)

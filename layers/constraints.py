@@ -26,32 +26,39 @@ from foldax.layers.alphabet import encode
 from foldax.layers.energy_params import PAIR_INDEX
 from foldax.layers.free_energy import FORBIDDEN_PHI
 
-__all__ = ["CONSTRAINT_SYMBOLS", "allowed_pairs", "constraint_phi", "must_pair_positions"]
+__all__ = ["CONSTRAINT_SYMBOLS", "allowed_pairs", "check_constraint", "constraint_phi", "must_pair_positions"]
 
 #: The symbols of a constraint string (RNAfold's ``-C`` without ``--enforceConstraint``).
 CONSTRAINT_SYMBOLS = ".x|<>()"
 
 
-def _constraint_pairs(constraint: str) -> list[tuple[int, int]]:
-    """The matched ``( )`` of ``constraint`` (0-based); ValueError naming a bad symbol or bracket."""
+def _scan(constraint: str) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """The matched ``( )`` of ``constraint`` (0-based) and each position's region: the ``(`` of the
+    innermost constraint pair strictly around it (-1: none; a pair's own brackets lie in the region
+    around that pair). ValueError naming a bad symbol or bracket."""
     opened, pairs = [], []
+    region = np.full(len(constraint), -1)
     for pos, symbol in enumerate(constraint):
         if symbol not in CONSTRAINT_SYMBOLS:
             raise ValueError(f"constraint: unknown symbol {symbol!r} at position {pos + 1} (1-based; allowed: "
                              f"{' '.join(CONSTRAINT_SYMBOLS)})")
-        if symbol == "(":
-            opened.append(pos)
-        elif symbol == ")":
+        if symbol == ")":
             if not opened:
                 raise ValueError(f"constraint: ')' at position {pos + 1} (1-based) closes no '('")
             pairs.append((opened.pop(), pos))
+        region[pos] = opened[-1] if opened else -1
+        if symbol == "(":
+            opened.append(pos)
     if opened:
         raise ValueError(f"constraint: '(' at position {opened[-1] + 1} (1-based) is never closed")
-    return sorted(pairs)
+    return sorted(pairs), region
 
 
 def allowed_pairs(constraint: str) -> np.ndarray:
     """``[n, n]`` bool: ``allowed[i, j]`` (both triangles) is False where the constraint forbids pair (i, j).
+
+    A pair crosses no constraint pair exactly when both its ends lie in the same region (inside
+    the same innermost constraint pair, or outside all), so one comparison holds every ``( )``.
 
     >>> allowed = allowed_pairs("x.<..>")
     >>> bool(allowed[0, 5]), bool(allowed[2, 5]), bool(allowed[1, 2]), bool(allowed[2, 4])
@@ -59,19 +66,21 @@ def allowed_pairs(constraint: str) -> np.ndarray:
     >>> bool(allowed_pairs("(.)..")[1, 4])  # crosses the constraint pair (0, 2)
     False
     """
-    pairs = _constraint_pairs(constraint)
+    pairs, region = _scan(constraint)
     n = len(constraint)
     symbols = np.array(list(constraint), dtype="<U1") if n else np.zeros(0, "<U1")
+    partner = np.full(n, -1)
+    for a, b in pairs:
+        partner[a], partner[b] = b, a
     i = np.arange(n)[:, None]
     j = np.arange(n)[None, :]
-    upper = i < j
     # (i, j) with i < j: i is the 5' end, j the 3' end.
     five, three = symbols[:, None], symbols[None, :]
-    ok = upper & (five != "x") & (three != "x") & (five != ">") & (three != "<")
-    for a, b in pairs:
-        only_partner = ((i == a) | (j == b) | (i == b) | (j == a)) & ~((i == a) & (j == b))
-        crossing = ((i < a) & (a < j) & (j < b)) | ((a < i) & (i < b) & (b < j))
-        ok &= ~(only_partner | crossing)
+    ok = (i < j) & (five != "x") & (three != "x") & (five != ">") & (three != "<")
+    ok &= region[:, None] == region[None, :]
+    # A bracketed base pairs with its partner only.
+    bracketed = partner >= 0
+    ok &= ~(bracketed[:, None] | bracketed[None, :]) | (partner[:, None] == j)
     return ok | ok.T
 
 
@@ -84,13 +93,35 @@ def must_pair_positions(constraint: str) -> list[int]:
     return [pos for pos, symbol in enumerate(constraint) if symbol == "|"]
 
 
+def check_constraint(constraint: str, sequence: str | None = None) -> None:
+    """ValueError naming what is wrong with ``constraint`` (a symbol, a bracket; with ``sequence``, a
+    length that differs or a ``( )`` of nucleotides that cannot pair: canonical pairs AU, GC, GU).
+
+    >>> check_constraint("(...)", "GGACA")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: constraint pairs positions 1 and 5 (1-based), G-A, which cannot pair ...
+    """
+    if sequence is not None and len(sequence) != len(constraint):
+        raise ValueError(f"constraint has length {len(constraint)} but the sequence has {len(sequence)}")
+    pairs, _ = _scan(constraint)
+    if sequence is None:
+        return
+    tokens = np.asarray(encode(sequence))
+    for a, b in pairs:
+        if PAIR_INDEX[tokens[a], tokens[b]] < 0:
+            raise ValueError(
+                f"constraint pairs positions {a + 1} and {b + 1} (1-based), {sequence[a]}-{sequence[b]}, "
+                f"which cannot pair (canonical pairs: AU GC GU); RNAfold allows it with non-standard pair "
+                f"energies, foldax's grammars have no such pair")
+
+
 def constraint_phi(constraint: str, sequence: str | None = None, *, length: int | None = None,
                    dtype=np.float32) -> np.ndarray:
     """The ``phi`` of a hard constraint: ``[n, n]`` (or ``[length, length]``, zero-padded for a batch),
     :data:`~foldax.layers.FORBIDDEN_PHI` on the pairs it forbids and 0 elsewhere.
 
-    With ``sequence``, a ``( )`` pair of nucleotides that cannot pair (canonical pairs AU, GC, GU) is
-    a ValueError naming it, as is a length that differs from the sequence's.
+    With ``sequence``, it is checked against it first (:func:`check_constraint`).
 
     >>> from foldax import layers
     >>> seq = "GGGGAAACCCCAUGGAAACCAU"
@@ -103,17 +134,8 @@ def constraint_phi(constraint: str, sequence: str | None = None, *, length: int 
     ...                                             phi=constraint_phi("x" * 11 + "." * 11, seq)))
     '...........((((...))))'
     """
+    check_constraint(constraint, sequence)
     n = len(constraint)
-    if sequence is not None:
-        if len(sequence) != n:
-            raise ValueError(f"constraint has length {n} but the sequence has {len(sequence)}")
-        tokens = np.asarray(encode(sequence))
-        for a, b in _constraint_pairs(constraint):
-            if PAIR_INDEX[tokens[a], tokens[b]] < 0:
-                raise ValueError(
-                    f"constraint pairs positions {a + 1} and {b + 1} (1-based), {sequence[a]}-{sequence[b]}, "
-                    f"which cannot pair (canonical pairs: AU GC GU); RNAfold allows it with non-standard pair "
-                    f"energies, foldax's grammars have no such pair")
     size = n if length is None else length
     if size < n:
         raise ValueError(f"constraint has length {n}, longer than length={size}")

@@ -151,11 +151,16 @@ def constrained_batch(RNA, rng, lengths, width):
     for n in lengths:
         seq = random_sequence(rng, n, "GGCCAU")
         fc = RNA.fold_compound(seq, vienna_md(RNA))
+        structure, _ = fc.mfe()
         fc.pf()
         free.append(vienna_pf_result(fc))
+        RNA.init_rand(rng.randrange(1 << 30))  # ViennaRNA's sampler draws from its own generator
         sample = fc.pbacktrack()
-        table = layers.from_dot_bracket(sample)
-        constraint = random_constraint(rng, n, [(i, int(j)) for i, j in enumerate(table) if j > i])
+        # An empty sample would leave random_constraint to invent brackets that may not pair.
+        table = layers.from_dot_bracket(sample if "(" in sample else structure)
+        pairs = [(i, int(j)) for i, j in enumerate(table) if j > i]
+        assert pairs, seq
+        constraint = random_constraint(rng, n, pairs)
         seqs.append(seq)
         constraints.append(constraint)
         want.append(vienna_constrained(RNA, seq, constraint))
