@@ -2,7 +2,7 @@
 
 Subcommands::
 
-    foldax fold [SEQ|FILE ...] [-i FILE|-] [--params P | --model NAME] [--mea [--gamma G]] [-p]
+    foldax fold [SEQ|FILE ...] [-i FILE|-] [--params P | --model NAME] [--mea [--gamma G]] [-p] [-T C]
                 [--format dbn|bpseq|ct] [-o PREFIX] [--plot] [--skip-invalid] ...
     foldax plot --workdir W [-o OUT.png]
     foldax train ... / foldax eval ... / foldax export-params ...   (see train.main)
@@ -71,7 +71,9 @@ skipped, and the status is 0 when at least one record was folded.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import os
 import sys
 
@@ -94,6 +96,16 @@ def _pos_int(text):
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _celsius(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= -273.15:
+        raise argparse.ArgumentTypeError(f"must be a temperature in degrees Celsius above -273.15, got {text}")
     return value
 
 
@@ -177,6 +189,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also compute log Z and base-pair probabilities (ensemble line; _bpp.txt with -o)")
     fold.add_argument("--min-hairpin", type=_nonneg_int, default=None, metavar="N",
                       help="a pair (i, j) needs j - i > N (default: the model's, 3)")
+    fold.add_argument("-T", "--temperature", type=_celsius, default=37.0, metavar="CELSIUS",
+                      help="fold at this temperature, as RNAfold -T (default 37): energy parameters only, "
+                           "rescaled from their enthalpies as ViennaRNA does (a .par file's own, Turner 2004's "
+                           f"for other energy files); without --params the default is {DEFAULT_ENERGY}, the "
+                           "default without its stacking member")
+    fold.add_argument("-d", "--dangles", type=int, choices=(0, 2), default=2,
+                      help="RNAfold -d: 2 (default) scores the neighbours of every stem in multiloops and the "
+                           "exterior loop (mismatch or dangle energies); 0 scores none (-d0). Energy parameters "
+                           "only; RNAfold's -d1 and -d3 (coaxial stacking) are not supported")
     fold.add_argument("--noLP", dest="no_lonely_pairs", action="store_true",
                       help="no lonely pairs (helices of one pair), as RNAfold --noLP; energy parameters only. "
                            "The MFE structure is RNAfold's; so are -p's numbers: RNAfold's ensemble only drops "
@@ -392,21 +413,38 @@ def run_fold(args, *, own_process: bool = False) -> int:
     programs = _program_cache(own_process)
     no_lonely_pairs = args.no_lonely_pairs or args.no_lp_exact
     spec = args.params
-    if spec is None and no_lonely_pairs:  # the default's stacking member has no --noLP
+    hot = args.temperature != 37.0
+    energy_options = [name for name, given in (("--noLP", no_lonely_pairs), (f"-T {args.temperature:g}", hot),
+                                               ("-d0", args.dangles == 0)) if given]
+    if spec is None and energy_options:  # the default's stacking member has none of them
         spec = DEFAULT_ENERGY
-        _err(f"--noLP needs energy parameters: folding with {DEFAULT_ENERGY}, the default without its "
-             f"stacking member")
+        _err(f"{' and '.join(energy_options)} need{'s' if len(energy_options) == 1 else ''} energy parameters: "
+             f"folding with {DEFAULT_ENERGY}, the default without its stacking member")
     try:
-        model = F.load_model(spec, checkpoint=args.checkpoint or "best")
+        model = F.load_model(spec, checkpoint=args.checkpoint or "best", temperature=args.temperature)
     except (OSError, ValueError) as err:
         _err(f"error: {err}")
         return 1
     for note in model.notes:
         _err(note)
-    if no_lonely_pairs and not all(is_energy_params(p) for p in (model.params, *model.members)):
+    if hot:
+        _err(f"temperature: {args.temperature:g} C (energies rescaled from their enthalpies as ViennaRNA does; "
+             f"kT = {model.energy_kT:.6f} kcal/mol)")
+    all_energy = all(is_energy_params(p) for p in (model.params, *model.members))
+    if no_lonely_pairs and not all_energy:
         _err("error: --noLP needs energy parameters (e.g. --params turner2004); the stacking grammar (here "
              f"{model.description}) has no such option")
         return 2
+    if args.dangles == 0:
+        if not all_energy:
+            _err("error: -d0 needs energy parameters (e.g. --params turner2004); the stacking grammar (here "
+                 f"{model.description}) has no dangles")
+            return 2
+        from foldax.layers.energy_params import without_dangles
+
+        model = dataclasses.replace(model, params=without_dangles(model.params),
+                                    members=tuple(without_dangles(p) for p in model.members))
+        _err("dangles: 0 (RNAfold -d0: no mismatch or dangle energies for stems in multiloops and the exterior loop)")
 
     stems = F.output_names(r.id for r in records)
     want_probs = args.partition or args.plot

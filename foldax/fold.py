@@ -458,7 +458,7 @@ def is_training_workdir(path: str) -> bool:
                                     or os.path.isdir(os.path.join(path, "checkpoints")))
 
 
-def load_model(path: str | None, *, checkpoint: str = "best") -> FoldModel:
+def load_model(path: str | None, *, checkpoint: str = "best", temperature: float = 37.0) -> FoldModel:
     """The :class:`FoldModel` of ``--params PATH``.
 
     * None: :data:`foldax.parameters.DEFAULT` (a shipped parameter set).
@@ -476,6 +476,9 @@ def load_model(path: str | None, *, checkpoint: str = "best") -> FoldModel:
       grammar, their pair probabilities averaged (:attr:`FoldModel.members`); it folds by MEA
       at ``A``'s gamma, and its energies are ``A``'s.
 
+    ``temperature`` (degrees Celsius, ``RNAfold -T``): energy parameter sets rescaled to it
+    (:func:`foldax.layers.load_params`); a stacking set or a training workdir has none (ValueError).
+
     The first note always says which parameters are used and where they came from.
     """
     from foldax import parameters
@@ -486,9 +489,12 @@ def load_model(path: str | None, *, checkpoint: str = "best") -> FoldModel:
     if spec in parameters.mixtures() and not os.path.exists(spec):
         entry = parameters.mixtures()[spec]
         return _mixture_model(spec, entry["members"], weights=entry["weights"], summary=entry["summary"],
-                              mea_gamma=float(entry["mea_gamma"]["value"]))
+                              mea_gamma=float(entry["mea_gamma"]["value"]), temperature=temperature)
     if "+" in spec and not os.path.exists(spec):
-        return _mixture_model(spec, spec.split("+"))
+        return _mixture_model(spec, spec.split("+"), temperature=temperature)
+    if os.path.isdir(spec) and float(temperature) != 37.0:
+        raise ValueError(f"--params {spec}: a directory; a temperature other than 37 C needs an energy parameter "
+                         f"file (for a training run: 'foldax export-params --workdir {spec} --out FILE.npz')")
     if os.path.isdir(spec):
         exported = os.path.join(spec, "params.npz")
         if is_training_workdir(spec):
@@ -502,17 +508,23 @@ def load_model(path: str | None, *, checkpoint: str = "best") -> FoldModel:
             raise FileNotFoundError(f"--params {spec}: a directory that is neither a training workdir (no "
                                     f"config.json or checkpoints/) nor holds a params.npz")
         return _model_of(*parameters.load(exported), notes=(note,))
-    return _model_of(*parameters.load(spec))
+    return _model_of(*parameters.load(spec, temperature=temperature))
+
+
+def _energy_kT(params) -> float | None:
+    """kT (kcal/mol) of energy parameters' log-weights (their temperature's), None for scores."""
+    return float(layers.energy_params.temperature_kt(params)) if layers.is_energy_params(params) else None
 
 
 def _model_of(params, provenance, *, notes=()) -> FoldModel:
     """A :class:`FoldModel` of loaded parameters: energy tables fold as an energy model."""
-    energy_kT = layers.KT if layers.is_energy_params(params) else None
+    energy_kT = _energy_kT(params)
     return FoldModel(params, energy_kT=energy_kT, description=provenance.line(), mea_gamma=provenance.mea_gamma,
                      notes=(f"parameters: {provenance.line()}", *notes))
 
 
-def _mixture_model(spec: str, names, *, weights=None, summary=None, mea_gamma=None) -> FoldModel:
+def _mixture_model(spec: str, names, *, weights=None, summary=None, mea_gamma=None,
+                   temperature: float = 37.0) -> FoldModel:
     """The :class:`FoldModel` of a mixture: ``names`` are shipped names or parameter files (of either
     grammar: pair probabilities are comparable across grammars); ``weights`` default to uniform, the
     MEA gamma to the first member's, whose energies or scores are printed."""
@@ -526,7 +538,7 @@ def _mixture_model(spec: str, names, *, weights=None, summary=None, mea_gamma=No
         if os.path.isdir(name):
             raise ValueError(f"--params {spec}: {name} is a directory; a mixture takes shipped names and "
                              f"parameter files")
-        loaded.append(parameters.load(name))
+        loaded.append(parameters.load(name, temperature=temperature))
     (first, about), rest = loaded[0], loaded[1:]
     weights = tuple(float(w) for w in (weights or (1.0,) * len(names)))
     gamma = about.mea_gamma if mea_gamma is None else mea_gamma
@@ -535,7 +547,7 @@ def _mixture_model(spec: str, names, *, weights=None, summary=None, mea_gamma=No
                        f"probabilities; energies, scores and the ensemble free energy are {names[0]}'s")
     notes = [f"parameters: {spec}: {what} (weights: {shares})"]
     notes += [f"  {a.line()}" for _, a in loaded]
-    return FoldModel(first, energy_kT=layers.KT if layers.is_energy_params(first) else None,
+    return FoldModel(first, energy_kT=_energy_kT(first),
                      description=f"--params {spec}", mea_gamma=gamma, notes=tuple(notes),
                      members=tuple(p for p, _ in rest), weights=weights)
 
@@ -672,7 +684,7 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
     from foldax.programs import FoldPrograms, Request
 
     if not isinstance(model, FoldModel):
-        model = FoldModel(model, energy_kT=layers.KT if layers.is_energy_params(model) else None)
+        model = FoldModel(model, energy_kT=_energy_kT(model))
     mea = mea or bool(model.members)  # a mixture has no single best-scoring structure
     programs = FoldPrograms(None) if programs is None else programs
     gamma = model.mea_gamma if gamma is None else gamma

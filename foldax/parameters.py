@@ -108,9 +108,9 @@ def is_mixture(spec: str | None) -> bool:
     return spec in mixtures() or ("+" in spec and not os.path.exists(spec))
 
 
-def load(spec: str, *, dtype=None):
+def load(spec: str, *, dtype=None, temperature: float = 37.0):
     """``(params, Provenance)`` of a registry name or a parameter file (see the module docstring);
-    the parameters are :func:`foldax.layers.load_params`'s.
+    the parameters are :func:`foldax.layers.load_params`'s (``temperature``: its, energy sets only).
 
     ``dtype``: of the tables; default JAX's default float (float32, or float64 with
     ``jax_enable_x64``), which also spares a conversion program per table.
@@ -141,7 +141,7 @@ def load(spec: str, *, dtype=None):
 
         dtype = jnp.zeros(()).dtype
     try:
-        params = layers.load_params(spec, dtype=dtype)
+        params = layers.load_params(spec, dtype=dtype, temperature=temperature)
         path = shipped_file(spec) if spec in registry else spec
         details = _par_comment(path) if path and path.endswith(".par") else _describe(layers.read_provenance(spec))
     except FileNotFoundError as err:

@@ -6,7 +6,8 @@ from foldax.layers.constraints import constraint_phi, must_pair_positions
 from foldax.layers.decoding import best_structure, mea_structure, mixture_pair_probs, pair_probs, sample_structures
 from foldax.layers.devices import use_all_cores
 from foldax.layers.dotbracket import from_dot_bracket, to_dot_bracket
-from foldax.layers.energy_params import KT, load_parameter_file, save_parameter_file, turner2004
+from foldax.layers.energy_params import (KT, at_temperature, kt, load_parameter_file, save_parameter_file, turner2004,
+                                         without_dangles)
 from foldax.layers.free_energy import FORBIDDEN_PHI, ensemble_free_energy, free_energy, isolated_pairs
 from foldax.layers.inside import check_params, is_energy_params, log_partition, max_score
 from foldax.layers.params import default_params, init_params
@@ -34,6 +35,9 @@ __all__ = [
     "MaxSemiring",
     "SampleSemiring",
     "KT",
+    "kt",
+    "at_temperature",
+    "without_dangles",
     "turner2004",
     "load_parameter_file",
     "save_parameter_file",

@@ -41,6 +41,9 @@ key                        shape           meaning (``t`` = pair type, bases in 
 ``special_hairpins``       {str: []}       total energy of special tri-, tetra- and hexaloops,
                                            keyed by the loop's sequence including the closing pair
                                            (5, 6 or 8 letters over ACGU)
+``kT`` (optional)          []              kT (kcal/mol) of the log-weights ``-E/kT``; present only
+                                           in sets moved away from 37 C (``temperature=``, see
+                                           :func:`turner2004`), not learned (its gradient is stopped)
 =========================  ==============  =====================================================
 
 Indices: bases follow :mod:`foldax.layers.alphabet` (``A=0 C=1 G=2 U=3 N=4``), pair types follow
@@ -77,6 +80,10 @@ N entries: N (and every IUPAC code, see :func:`foldax.layers.encode`) is token 4
 which carry ViennaRNA's values (for ``int22``, ViennaRNA derives them from the ACGU entries when a
 file is read, as the most unfavourable value over the bases N stands for; this module does the same).
 
+Temperature: ViennaRNA moves every energy to ``T`` from its enthalpy ``H`` as
+``G(T) = H - (H - G(37 C)) T / T37`` (kelvin), truncated to integer dcal/mol; :func:`turner2004`,
+:func:`load_parameter_file` (a file's own enthalpies) and :func:`at_temperature` do the same.
+
 Data: :func:`turner2004` loads ``layers/data/rna_turner2004.json`` (made once by
 ``scripts/convert_vienna_params.py`` from ViennaRNA's own parameter set; provenance and citations
 inside). :func:`load_parameter_file` reads ViennaRNA 2.0 ``.par`` files (Andronescu 2007,
@@ -101,11 +108,14 @@ import re
 import warnings
 from importlib import resources
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
     "KT",
+    "kt",
+    "temperature_kt",
     "PAIR_TYPES",
     "PAIR_INDEX",
     "MAX_LOOP",
@@ -113,6 +123,9 @@ __all__ = [
     "SCALAR_NAMES",
     "SPECIAL_HAIRPIN_LENGTHS",
     "turner2004",
+    "at_temperature",
+    "without_dangles",
+    "DANGLE_TABLES",
     "load_parameter_file",
     "save_parameter_file",
     "parameters_from_string",
@@ -121,8 +134,28 @@ __all__ = [
     "CLIPPED_TABLES",
 ]
 
+#: 0 C in K and the gas constant in cal/(mol K), as ViennaRNA has them (K0, GASCONST).
+_K0, _GASCONST = 273.15, 1.98717
 #: kT at 37 C in kcal/mol: (37 + 273.15) K x 1.98717 cal/(mol K) / 1000 (ViennaRNA's GASCONST, K0).
-KT = (37.0 + 273.15) * 1.98717 / 1000.0
+KT = (37.0 + _K0) * _GASCONST / 1000.0
+
+
+def kt(temperature: float = 37.0) -> float:
+    """kT in kcal/mol at ``temperature`` (degrees Celsius), as ViennaRNA computes it.
+
+    >>> kt() == KT, round(kt(50.0), 6)
+    (True, 0.642154)
+    """
+    return (float(temperature) + _K0) * _GASCONST / 1000.0
+
+
+def temperature_kt(params) -> float | jnp.ndarray:
+    """The kT (kcal/mol) that the log-weights ``-E/kT`` of Turner parameters use: their optional
+    ``"kT"`` entry (set by ``turner2004(temperature=...)`` and ``load_parameter_file(...,
+    temperature=...)``, not learned: its gradient is stopped), else :data:`KT` (37 C)."""
+    if "kT" in params:
+        return jax.lax.stop_gradient(jnp.asarray(params["kT"]))
+    return KT
 
 PAIR_TYPES = ("CG", "GC", "GU", "UG", "AU", "UA")
 _TOKENS = "ACGUN"
@@ -154,6 +187,8 @@ TABLE_SHAPES = {
     "interior": (MAX_LOOP + 1,),
 }
 SCALAR_NAMES = ("ml_base", "ml_closing", "ml_intern", "ninio", "max_ninio", "terminal_au", "lxc")
+#: The scalars with an enthalpy (``max_ninio`` is the same at every temperature).
+_SCALAR_ENTHALPIES = ("ml_base", "ml_closing", "ml_intern", "ninio", "terminal_au", "lxc")
 #: Special hairpin keys: 5 letters (triloop + closing pair), 6 (tetraloop), 8 (hexaloop).
 SPECIAL_HAIRPIN_LENGTHS = {5: "Triloops", 6: "Tetraloops", 8: "Hexaloops"}
 
@@ -291,12 +326,34 @@ def _dcal_to_kcal(values):
 _TURNER_RAW_CACHE: dict = {}
 
 
-def _turner2004_raw() -> dict:
-    """Turner 2004 in ViennaRNA layout, from the packaged data file (cached, returned as a copy)."""
+def _turner2004_raw(*, enthalpies: bool = False) -> dict:
+    """Turner 2004 in ViennaRNA layout, from the packaged data file (cached, returned as a copy):
+    its energies at 37 C, or with ``enthalpies`` its enthalpies."""
     if not _TURNER_RAW_CACHE:
         text = resources.files("foldax.layers").joinpath("data", _DATA_FILE).read_text(encoding="utf-8")
-        _TURNER_RAW_CACHE.update(_raw_from_data(json.loads(text), _DATA_FILE))
-    return _copy_raw(_TURNER_RAW_CACHE)
+        data = json.loads(text)
+        _TURNER_RAW_CACHE["energies"] = _raw_from_data(data, _DATA_FILE)
+        if "enthalpies" not in data:
+            raise ValueError(f"{_DATA_FILE}: no 'enthalpies' (rerun scripts/convert_vienna_params.py)")
+        _TURNER_RAW_CACHE["enthalpies"] = _enthalpies_from_data(data, _DATA_FILE)
+    return _copy_raw(_TURNER_RAW_CACHE["enthalpies" if enthalpies else "energies"])
+
+
+def _enthalpies_from_data(data: dict, name: str) -> dict:
+    heat = data["enthalpies"]
+    scalars = {**heat["scalars"], "max_ninio": data["scalars"]["max_ninio"]}  # (it has no enthalpy)
+    return _raw_from_data({"format": data["format"], **heat, "scalars": scalars}, f"{name} (enthalpies)")
+
+
+def _from_data_file(data: dict, name: str, dtype=jnp.float32, temperature: float = 37.0) -> dict:
+    """The pytree of a parsed data file of the packaged format (``rna_turner2004.json``'s), at
+    ``temperature`` from its own enthalpies (Turner 2004's where it has none)."""
+    temperature = _check_temperature(temperature)
+    raw = _raw_from_data(data, name)
+    if temperature != 37.0:
+        heat = _enthalpies_from_data(data, name) if "enthalpies" in data else _turner2004_raw(enthalpies=True)
+        _at_temperature(raw, heat, temperature, truncate=True)
+    return _finish(raw, dtype, temperature)
 
 
 def _copy_raw(raw: dict) -> dict:
@@ -325,19 +382,121 @@ def _nulls_to_inf(nested):
     return np.inf if nested is None else nested
 
 
-def turner2004(dtype=jnp.float32) -> dict:
+def _at_temperature(raw: dict, enthalpies: dict, temperature: float, *, truncate: bool) -> dict:
+    """ViennaRNA's temperature rescaling of a ViennaRNA-layout set (dcal/mol; in place).
+
+    Every energy becomes ``G(T) = H - (H - G(37 C)) T / T37`` (T in K; ``lxc``, whose enthalpy is 0,
+    scales with T; ``max_ninio`` stays), then the tables of :data:`CLIPPED_TABLES` are clipped at 0.
+    ``truncate``: toward zero to integer dcal/mol, as ViennaRNA does (its energy evaluation, MFE and
+    partition function all use the integer set; only ``lxc`` stays a real number). INF stays INF.
+    """
+    factor = (float(temperature) + _K0) / (37.0 + _K0)
+
+    def rescale(g, h, *, integer=truncate):
+        # An INF energy, or a finite one with an INF enthalpy (Turner 1999's interior[2:4], which no
+        # loop reads: 1x1 and 1x2 loops use int11 and int21), is INF: ViennaRNA's arithmetic on its
+        # INF sentinel would make the latter a huge bonus or penalty.
+        g, h = np.asarray(g, np.float64), np.asarray(h, np.float64)
+        with np.errstate(invalid="ignore"):
+            out = np.where(np.isinf(g) | np.isinf(h), np.inf, h - (h - g) * factor)
+        return np.trunc(out) if integer else out
+
+    for key in list(_AXES) + ["hairpin", "bulge", "interior"]:
+        raw[key] = rescale(raw[key], enthalpies[key])
+    for key in _SCALAR_ENTHALPIES:
+        raw[key] = float(rescale(raw[key], enthalpies[key], integer=truncate and key != "lxc"))
+    missing = sorted(set(raw["special_hairpins"]) - set(enthalpies["special_hairpins"]))
+    if missing:
+        raise ValueError(f"cannot rescale to another temperature: special hairpins {missing} have no enthalpy")
+    raw["special_hairpins"] = {seq: float(rescale(e, enthalpies["special_hairpins"][seq]))
+                               for seq, e in raw["special_hairpins"].items()}
+    _clip_dangles(raw)
+    return raw
+
+
+def at_temperature(params, temperature: float, *, truncate: bool = True, enthalpies=None) -> dict:
+    """Parameters at 37 C moved to ``temperature`` (degrees Celsius) as ViennaRNA rescales them.
+
+    ``params``: a Turner-layout pytree at 37 C (e.g. one trained from :func:`turner2004`); its
+    ``"kT"`` entry, if any, must be 37 C's. ``enthalpies``: a pytree of the same layout (kcal/mol),
+    default Turner 2004's, the only enthalpies foldax ships: a set fitted or trained at 37 C has none
+    of its own. ``truncate`` as in :func:`turner2004`. At 37 C the parameters are returned unchanged.
+    A ``.par`` file's own enthalpies are :func:`load_parameter_file`'s (``temperature=``).
+
+    >>> moved = at_temperature(turner2004(), 50.0)
+    >>> bool((moved["stack"] == turner2004(temperature=50.0)["stack"]).all())
+    True
+    """
+    temperature = _check_temperature(temperature)
+    if "kT" in params and abs(float(np.asarray(params["kT"])) - KT) > 1e-6:
+        raise ValueError(f"at_temperature moves parameters at 37 C; these are at kT = {float(params['kT'])} kcal/mol")
+    if temperature == 37.0:
+        return dict(params)
+    dtype = jnp.result_type(*[np.asarray(v).dtype for k, v in params.items() if k not in ("special_hairpins", "kT")])
+    raw = _to_raw(params)
+    heat = _turner2004_raw(enthalpies=True) if enthalpies is None else _to_raw(enthalpies)
+    return _finish(_at_temperature(raw, heat, temperature, truncate=truncate), dtype, temperature)
+
+
+#: The tables of the stems' neighbours in multiloops and the exterior loop (RNAfold's ``-d``).
+DANGLE_TABLES = ("mismatch_multi", "mismatch_exterior", "dangle5", "dangle3")
+
+
+def without_dangles(params) -> dict:
+    """The parameters of ViennaRNA's ``dangles = 0`` model (``RNAfold -d0``): no mismatch or dangle
+    energy for a stem in a multiloop or the exterior loop (its terminal AU/GU stays). The grammar
+    reads neighbours only through :data:`DANGLE_TABLES`, so they are set to 0.
+
+    >>> p = without_dangles(turner2004())
+    >>> float(abs(p["mismatch_exterior"]).max()), round(float(p["stack"][0, 0]), 4)
+    (0.0, -2.4)
+    """
+    check_energy_params(params)
+    return {**params, **{key: jnp.zeros_like(jnp.asarray(params[key])) for key in DANGLE_TABLES}}
+
+
+def _finish(raw: dict, dtype, temperature: float) -> dict:
+    params = _from_raw(raw, dtype)
+    if float(temperature) != 37.0:
+        params["kT"] = jnp.asarray(kt(temperature), dtype=dtype)
+    return params
+
+
+def _check_temperature(temperature) -> float:
+    value = float(temperature)
+    if not math.isfinite(value) or value <= -_K0:
+        raise ValueError(f"temperature must be a finite number of degrees Celsius above -{_K0}, got {temperature!r}")
+    return value
+
+
+def turner2004(dtype=jnp.float32, *, temperature: float = 37.0, truncate: bool = True) -> dict:
     """The Turner 2004 parameters (ViennaRNA 2.x's default set) as a pytree of ``dtype`` arrays.
 
     kcal/mol at 37 C, in the layout described in the module docstring; ``dtype`` defaults to
     float32. Every call returns fresh arrays.
+
+    ``temperature`` (degrees Celsius, like ``RNAfold -T``): the free energies at that temperature,
+    from the set's enthalpies as ViennaRNA rescales them (``G(T) = H - (H - G37) T / T37``), plus the
+    entry ``"kT"`` (:func:`kt`) that every log-weight ``-E/kT`` then uses. ``truncate`` (default):
+    each rescaled energy truncated toward zero to integer dcal/mol, as ViennaRNA's parameter sets hold
+    them (its ``eval_structure``, MFE and partition function alike); ``False`` keeps the exact values.
 
     >>> p = turner2004()
     >>> p["int22"].shape, [round(float(p[k]), 5) for k in ("ml_closing", "terminal_au", "lxc")]
     ((6, 6, 5, 5, 5, 5), [9.3, 0.5, 1.07856])
     >>> float(p["hairpin"][0])
     inf
+    >>> hot = turner2004(temperature=50.0)
+    >>> round(float(hot["stack"][0, 0]), 4), round(float(hot["kT"]), 6)
+    (-2.05, 0.642154)
+    >>> round(float(turner2004(temperature=50.0, truncate=False)["stack"][0, 0]), 4)
+    -2.0563
     """
-    return _from_raw(_turner2004_raw(), dtype)
+    temperature = _check_temperature(temperature)
+    raw = _turner2004_raw()
+    if temperature != 37.0:
+        raw = _at_temperature(raw, _turner2004_raw(enthalpies=True), temperature, truncate=truncate)
+    return _finish(raw, dtype, temperature)
 
 
 def check_energy_params(params) -> None:
@@ -357,6 +516,8 @@ def check_energy_params(params) -> None:
         got = tuple(np.shape(params[key]))
         if got != shape:
             raise ValueError(f"energy parameter {key!r} has shape {got}, expected {shape}")
+    if "kT" in params and np.shape(params["kT"]) != ():
+        raise ValueError(f"energy parameter 'kT' has shape {np.shape(params['kT'])}, expected a scalar (kcal/mol)")
     special = params.get("special_hairpins")
     if not isinstance(special, dict):
         raise ValueError("energy parameters lack the dict 'special_hairpins'")
@@ -433,12 +594,17 @@ def _parse_value(token: str, lines: _Lines, number: int, section: str) -> float 
     )
 
 
-def parameters_from_string(text: str, *, name: str = "<string>", base=None, dtype=jnp.float32) -> dict:
+def parameters_from_string(text: str, *, name: str = "<string>", base=None, dtype=jnp.float32,
+                           temperature: float = 37.0, truncate: bool = True) -> dict:
     """Parses the text of a ViennaRNA 2.0 parameter file; see :func:`load_parameter_file`."""
+    temperature = _check_temperature(temperature)
     raw = _turner2004_raw() if base is None else _to_raw(base)
-    _parse_into(raw, text, name)
+    enthalpies = _turner2004_raw(enthalpies=True)
+    _parse_into(raw, text, name, enthalpies)
+    if temperature != 37.0:
+        _at_temperature(raw, enthalpies, temperature, truncate=truncate)  # (it clips, from unclipped energies)
     _clip_dangles(raw)
-    return _from_raw(raw, dtype)
+    return _finish(raw, dtype, temperature)
 
 
 #: Tables ViennaRNA clips at zero when it prepares parameters ("must be <= 0"), for its energy
@@ -451,14 +617,16 @@ def _clip_dangles(raw: dict) -> None:
         raw[key] = np.minimum(raw[key], 0.0)
 
 
-def _parse_into(raw: dict, text: str, name: str) -> None:
-    """Overwrites the ViennaRNA-layout tables ``raw`` with what the file text sets."""
+def _parse_into(raw: dict, text: str, name: str, enthalpies: dict | None = None) -> None:
+    """Overwrites the ViennaRNA-layout tables ``raw`` with what the file text sets, and ``enthalpies``
+    (the same layout, or None: checked for shape, then dropped) with what its enthalpy values set."""
     lines = _Lines(text, name)
     if not lines.raw or not lines.raw[0].startswith(_HEADER):
         raise lines.error(1, f"not a ViennaRNA 2.0 parameter file (the first line must be {_HEADER!r})")
     headers = [(n, _section_name(line)) for n, line in enumerate(lines.raw, start=1) if _section_name(line) is not None]
     headers = [(n, s) for n, s in headers if n > 1]
-    scratch = _copy_raw(raw)  # enthalpy sections are checked for shape, then dropped
+    if enthalpies is None:
+        enthalpies = _copy_raw(raw)  # checked for shape, then dropped
     seen: dict = {}
     for index, (number, section) in enumerate(headers):
         end = headers[index + 1][0] - 1 if index + 1 < len(headers) else len(lines.raw)
@@ -470,15 +638,15 @@ def _parse_into(raw: dict, text: str, name: str) -> None:
         seen[section] = number
         target = raw
         if section.endswith("_enthalpies") and section in _KNOWN:
-            section, target = section[: -len("_enthalpies")], scratch
+            section, target = section[: -len("_enthalpies")], enthalpies
         if section in _SECTIONS:
             _read_table(target, section, body, lines, number)
         elif section in _LOOP_SECTIONS:
             _read_loop_table(target, section, body, lines, number)
-        elif section in _SCALAR_SECTIONS:
-            _read_scalars(target, section, body, lines, number)
-        elif section in _SPECIAL_SECTIONS:
-            _read_special(target, section, body, lines, number)
+        elif section in _SCALAR_SECTIONS:  # (energy, enthalpy) pairs
+            _read_scalars(raw, section, body, lines, number, enthalpies)
+        elif section in _SPECIAL_SECTIONS:  # 'SEQUENCE energy enthalpy' lines
+            _read_special(raw, section, body, lines, number, enthalpies)
         elif section != "END":
             warnings.warn(f"{name} line {number}: unknown section {section!r} ignored", stacklevel=4)
 
@@ -545,7 +713,7 @@ def _read_loop_table(raw: dict, section: str, body, lines: _Lines, header: int) 
         table[i] = value
 
 
-def _read_scalars(raw: dict, section: str, body, lines: _Lines, header: int) -> None:
+def _read_scalars(raw: dict, section: str, body, lines: _Lines, header: int, enthalpies: dict) -> None:
     values = _read_values(section, body, lines)
     expected = {"ML_params": (6, 6), "NINIO": (3, 3), "Misc": (4, 6)}[section]
     if not expected[0] <= len(values) <= expected[1]:
@@ -564,7 +732,8 @@ def _read_scalars(raw: dict, section: str, body, lines: _Lines, header: int) -> 
         if value == "x":
             raise lines.error(number, f"section {section!r}: 'x' is only allowed in loop-length tables")
         parsed.append(value)
-    # (energy, enthalpy) pairs; only energies at 37 C are kept; '*' keeps the current value
+    # (energy, enthalpy) pairs; '*' keeps the current value. max_ninio has no enthalpy (ViennaRNA
+    # does not rescale it), and lxc's is 0 in every set (it is scaled by T / 37 C as an entropy).
     targets = {
         "ML_params": {0: "ml_base", 2: "ml_closing", 4: "ml_intern"},
         "NINIO": {0: "ninio", 2: "max_ninio"},
@@ -573,9 +742,11 @@ def _read_scalars(raw: dict, section: str, body, lines: _Lines, header: int) -> 
     for position, key in targets.items():
         if position < len(parsed) and parsed[position] != "*":
             raw[key] = parsed[position]
+        if key in _SCALAR_ENTHALPIES and position + 1 < len(parsed) and parsed[position + 1] != "*":
+            enthalpies[key] = parsed[position + 1]
 
 
-def _read_special(raw: dict, section: str, body, lines: _Lines, header: int) -> None:
+def _read_special(raw: dict, section: str, body, lines: _Lines, header: int, enthalpies: dict) -> None:
     """A special-hairpin list: consecutive 'SEQUENCE energy enthalpy' lines right after the header.
 
     ViennaRNA stops reading at the first other line (blank, or comment only) and silently ignores
@@ -583,6 +754,7 @@ def _read_special(raw: dict, section: str, body, lines: _Lines, header: int) -> 
     """
     length = _SPECIAL_SECTIONS[section]
     entries: dict = {}
+    entry_enthalpies: dict = {}
     count = 0
     listing = True
     for number in body:
@@ -603,18 +775,22 @@ def _read_special(raw: dict, section: str, body, lines: _Lines, header: int) -> 
         if len(seq) != length or set(seq) - set("ACGU"):
             raise lines.error(number, f"section {section!r}: {tokens[0]!r} is not {length} letters over ACGU(T)")
         value = _parse_value(energy, lines, number, section)
-        _parse_value(enthalpy, lines, number, section)
+        heat = _parse_value(enthalpy, lines, number, section)
         if isinstance(value, str):
             raise lines.error(number, f"section {section!r}: cannot read energy {energy!r}")
+        if isinstance(heat, str):
+            raise lines.error(number, f"section {section!r}: cannot read enthalpy {enthalpy!r}")
         entries.setdefault(seq, value)  # ViennaRNA's lookup finds the first occurrence
+        entry_enthalpies.setdefault(seq, heat)
         count += 1
         if count > _MAX_SPECIAL_LOOPS:
             raise lines.error(
                 number, f"section {section!r} has more than {_MAX_SPECIAL_LOOPS} entries (ViennaRNA's limit)"
             )
-    special = {seq: e for seq, e in raw["special_hairpins"].items() if len(seq) != length}
-    special.update(entries)
-    raw["special_hairpins"] = special
+    for target, new in ((raw, entries), (enthalpies, entry_enthalpies)):
+        special = {seq: e for seq, e in target["special_hairpins"].items() if len(seq) != length}
+        special.update(new)
+        target["special_hairpins"] = special
 
 
 def _update_nst(table: np.ndarray) -> None:
@@ -660,15 +836,17 @@ def _update_nst(table: np.ndarray) -> None:
     a[_NBPAIRS, _NBPAIRS] = a[_NBPAIRS, 1:_NBPAIRS].max(axis=0)
 
 
-def load_parameter_file(path, *, base=None, dtype=jnp.float32) -> dict:
+def load_parameter_file(path, *, base=None, dtype=jnp.float32, temperature: float = 37.0,
+                        truncate: bool = True) -> dict:
     """Reads a ViennaRNA 2.0 ``.par`` parameter file into the parameter pytree.
 
     The format is the one ``RNA.params_save`` writes and ViennaRNA's ``misc/rna_*.par`` use:
     a first line ``## RNAfold parameter file v2.0``, then sections ``# name`` (stack,
     mismatch_hairpin, mismatch_internal[_1n|_23], mismatch_multi, mismatch_exterior, dangle5,
     dangle3, int11, int21, int22, hairpin, bulge, internal, ML_params, NINIO, Misc, Triloops,
-    Tetraloops, Hexaloops, END; the ``*_enthalpies`` sections are read past, as they only matter
-    away from 37 C) holding integers in dcal/mol, ``INF``, ``DEF`` (-50), ``NST`` (0), ``*``
+    Tetraloops, Hexaloops, END, and the ``*_enthalpies`` sections, which only matter away from
+    37 C: ``temperature`` and ``truncate`` as in :func:`turner2004`; enthalpies the file does not set
+    are Turner 2004's) holding integers in dcal/mol, ``INF``, ``DEF`` (-50), ``NST`` (0), ``*``
     (keep the current value) and, in loop-length tables, ``x`` (extrapolate as ViennaRNA does);
     ``/* ... */`` comments anywhere on a line.
 
@@ -698,7 +876,8 @@ def load_parameter_file(path, *, base=None, dtype=jnp.float32) -> dict:
     path = os.fspath(path)
     with open(path, encoding="utf-8", errors="replace") as handle:
         text = handle.read()
-    return parameters_from_string(text, name=os.path.basename(path), base=base, dtype=dtype)
+    return parameters_from_string(text, name=os.path.basename(path), base=base, dtype=dtype,
+                                  temperature=temperature, truncate=truncate)
 
 
 # --------------------------------------------------------------------------- #
@@ -746,6 +925,9 @@ def _dcal_integers(raw: dict) -> dict:
 
 def parameters_to_string(params, *, comment: str | None = None) -> str:
     """The text of a ViennaRNA 2.0 parameter file for ``params``; see :func:`save_parameter_file`."""
+    if "kT" in params and abs(float(np.asarray(params["kT"])) - KT) > 1e-6:
+        raise ValueError(f"cannot save energies at kT = {float(np.asarray(params['kT'])):.6f} kcal/mol as a .par file: "
+                         "its energies are at 37 C (save the set at 37 C; RNAfold -T moves it)")
     raw = _to_raw(params)
     ints = _dcal_integers(raw)
     _warn_lossy(ints)

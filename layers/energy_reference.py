@@ -370,6 +370,7 @@ def brute_force_ensemble_free_energy(params, sequence, *, pf: bool = True, phi=N
     """
     from foldax.layers.energy_params import KT
 
+    KT = float(np.asarray(params["kT"])) if "kT" in params else KT  # noqa: N806 (parameters at another temperature)
     p = params if _is_numpy(params) else numpy_params(params)
     x = _tokens(sequence)
     phi = None if phi is None else np.asarray(phi, dtype=np.float64)

@@ -11,7 +11,8 @@ r"""Free energies under the Turner 2004 model: of a structure, and of the ensemb
   probability).
 
 For Turner parameters ``max_score`` and ``structure_score`` are log-weights, so the minimum free
-energy is ``-KT * max_score``, and ``free_energy`` of ``best_structure`` equals it.
+energy is ``-kT * max_score`` (``KT`` at 37 C; parameters at another temperature carry their own ``kT``),
+and ``free_energy`` of ``best_structure`` equals it.
 
 Example:
   >>> from foldax import layers
@@ -29,7 +30,7 @@ import numpy as np
 
 from foldax.layers.dotbracket import StructureError, from_dot_bracket
 from foldax.layers.energy import _pair_type, loop_energy
-from foldax.layers.energy_params import KT, PAIR_INDEX
+from foldax.layers.energy_params import PAIR_INDEX, temperature_kt
 from foldax.layers.inside import _check_inputs, _is_concrete, check_params, is_energy_params, log_partition
 
 
@@ -120,8 +121,8 @@ def ensemble_free_energy(params, tokens, lengths=None, *, phi=None, min_hairpin=
     ViennaRNA's ``md.noLP = 1`` partition function only removes the pairs that cannot
     stack at all (:func:`isolated_pairs`), so it also counts some lonely pairs and is lower.
     """
-    _require_energy_params(params, "ensemble_free_energy")
-    return -KT * log_partition(params, tokens, lengths, phi=phi, min_hairpin=min_hairpin, num_chunks=num_chunks,
+    params = _require_energy_params(params, "ensemble_free_energy")
+    return -temperature_kt(params) * log_partition(params, tokens, lengths, phi=phi, min_hairpin=min_hairpin, num_chunks=num_chunks,
                                no_lonely_pairs=no_lonely_pairs)
 
 
@@ -166,7 +167,7 @@ def turner_structure_score(params, tokens, pair_table, lengths, phi, min_hairpin
     opens = (pair_table > pos[None, :]) & in_seq
     hairpins_ok = jnp.all(~opens | (pair_table - pos[None, :] > min_hairpin), axis=1)
     valid = valid & hairpins_ok
-    score = jnp.where(valid, -energy / KT, jnp.zeros_like(energy))  # no inf reaches a gradient
+    score = jnp.where(valid, -energy / temperature_kt(params), jnp.zeros_like(energy))  # no inf reaches a gradient
     if phi is not None:
         partner = jnp.clip(pair_table, 0, max(length - 1, 0))
         picked = jnp.take_along_axis(phi.astype(score.dtype), partner[:, :, None], axis=2)[..., 0]

@@ -136,7 +136,7 @@ def _is_energy(params) -> bool:
     return is_energy_params(params)
 
 
-def load_params(name_or_path, *, dtype=jnp.float32) -> dict:
+def load_params(name_or_path, *, dtype=jnp.float32, temperature: float = 37.0) -> dict:
     """The parameters named ``name_or_path`` (:func:`shipped_params`) or stored in that file.
 
     Args:
@@ -144,6 +144,10 @@ def load_params(name_or_path, *, dtype=jnp.float32) -> dict:
         ``"stacking"``, ``"handset"`` (alias ``"default"``), ...) or a ``.json`` / ``.npz`` /
         ``.par`` file (module docstring).
       dtype: of the returned arrays (float32 default; float64 needs ``jax_enable_x64``).
+      temperature: degrees Celsius (``RNAfold -T``); Turner energy parameters only. Away from 37 C the
+        energies are rescaled as ViennaRNA does (:func:`foldax.layers.turner2004`): a ``.par`` file or
+        the packaged Turner 2004 file with its own enthalpies, any other set (``.npz``, ``.json``
+        tables trained at 37 C) with Turner 2004's.
 
     Returns:
       a dict of arrays: the stacking scores ``stack pair unpaired loop`` or the Turner energy
@@ -164,6 +168,8 @@ def load_params(name_or_path, *, dtype=jnp.float32) -> dict:
         if "builtin" in entry:
             import foldax.layers
 
+            if float(temperature) != 37.0:
+                _require_turner({}, name, temperature)
             return getattr(foldax.layers, entry["builtin"])(dtype)
         path = shipped_file(name)
         if not os.path.isfile(path):
@@ -180,16 +186,34 @@ def load_params(name_or_path, *, dtype=jnp.float32) -> dict:
                                 f"({', '.join(shipped_params())})")
     ext = os.path.splitext(name)[1].lower()
     if ext == ".json":
-        params = _load_json(name, dtype)
+        params = _load_json(name, dtype, temperature)
     elif ext == ".npz":
         params = _load_npz(name, dtype)
     elif ext == ".par":
         from foldax.layers.energy_params import load_parameter_file
 
-        return load_parameter_file(name, dtype=dtype)
+        return load_parameter_file(name, dtype=dtype, temperature=temperature)
     else:
         raise ValueError(f"{name}: unknown parameter file type {ext!r}; expected .json, .npz or .par")
-    return _checked(params, name)
+    params = _checked(params, name)
+    from foldax.layers.energy_params import at_temperature, kt
+
+    if float(temperature) == 37.0 or ("kT" in params and abs(float(params["kT"]) - kt(temperature)) < 1e-6):
+        return params  # (the packaged format's reader has moved it already)
+
+    _require_turner(params, name, temperature)
+    try:
+        return at_temperature(params, temperature)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+
+
+def _require_turner(params, name, temperature):
+    from foldax.layers.inside import is_energy_params
+
+    if not is_energy_params(params):
+        raise ValueError(f"{name}: stacking-grammar scores have no temperature; temperature={temperature:g} needs "
+                         f"Turner energy parameters (e.g. turner2004)")
 
 
 def _checked(params, name):
@@ -250,7 +274,7 @@ def _json_text(params, provenance, name) -> str:
     return json.dumps(data, indent=1, allow_nan=False) + "\n"
 
 
-def _load_json(path: str, dtype) -> dict:
+def _load_json(path: str, dtype, temperature: float = 37.0) -> dict:
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
@@ -263,7 +287,7 @@ def _load_json(path: str, dtype) -> dict:
         from foldax.layers import energy_params
 
         try:
-            return energy_params._from_raw(energy_params._raw_from_data(data, os.path.basename(path)), dtype)
+            return energy_params._from_data_file(data, os.path.basename(path), dtype, temperature)
         except (KeyError, ValueError, TypeError) as err:
             raise ValueError(f"{path}: {err}") from None
     if fmt != FORMAT:

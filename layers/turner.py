@@ -51,7 +51,7 @@ import numpy as np
 
 from foldax.layers.alphabet import NUM_TOKENS
 from foldax.layers.chart import View
-from foldax.layers.energy_params import KT, MAX_LOOP, PAIR_INDEX
+from foldax.layers.energy_params import MAX_LOOP, PAIR_INDEX, temperature_kt
 from foldax.layers.stacking import lookup, shear, skew
 
 N_TOKEN = NUM_TOKENS - 1
@@ -149,7 +149,7 @@ def _length_tables(params, *, pf: bool, batch: int, dtype):
         ]
         energy = jnp.select([code == c for c in range(4)], [jnp.broadcast_to(e, code.shape) for e in by_class],
                             jnp.inf)
-        table = jnp.where(code >= 0, -energy / KT, -jnp.inf)
+        table = jnp.where(code >= 0, -energy / temperature_kt(params), -jnp.inf)
         tables[name] = jnp.broadcast_to(table.astype(dtype), (batch,) + code.shape)
     return tables
 
@@ -229,8 +229,10 @@ def cell_scores(params, tokens, lengths, phi=None, *, min_hairpin=3, pf=True, en
     t_safe = jnp.maximum(t, 0)
     neg_inf = jnp.array(-jnp.inf, dtype)
 
+    kT = temperature_kt(params)
+
     def w(energy):
-        return -energy / KT
+        return -energy / kT
 
     # A pair: canonical, long enough, inside the sequence; phi adds to its log-weight.
     can_pair = (t >= 0) & (d > min_hairpin) & (j < n)

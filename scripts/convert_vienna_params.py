@@ -11,7 +11,7 @@ ViennaRNA writes its current parameter set with ``RNA.params_save`` (the ``.par`
 script parses that file with foldax's own reader (``foldax.layers.energy_params``), starting from an
 all-NaN table so that any entry the file leaves unset shows up, and stores the result in foldax's
 layout (tokens ACGUN, pair types CG GC GU UG AU UA) as integers in dcal/mol (ViennaRNA's unit;
-``null`` = INF) with its provenance and citations. foldax reads it at run time without ViennaRNA.
+``null`` = INF), with its enthalpies (for other temperatures), provenance and citations. foldax reads it at run time without ViennaRNA.
 """
 
 from __future__ import annotations
@@ -62,22 +62,14 @@ def convert() -> dict:
     import RNA
 
     text = saved_text("params_load_RNA_Turner2004")
-    raw = _nan_raw()
-    ep._parse_into(raw, text, "rna_turner2004.par (RNA.params_save)")
-    tables = {}
-    for key in ep.TABLE_SHAPES:
-        table = raw[key][ep._vienna_index(key)] if key in ep._AXES else raw[key]
-        if np.isnan(table).any():
-            raise RuntimeError(f"{key}: the saved file left entries unset")
-        tables[key] = _to_json(table)
-    scalars = {}
-    for key in ep.SCALAR_NAMES:
-        if np.isnan(raw[key]):
-            raise RuntimeError(f"{key}: the saved file left it unset")
-        scalars[key] = raw[key] if key == "lxc" else int(raw[key])
+    raw, enthalpies = _nan_raw(), _nan_raw()
+    ep._parse_into(raw, text, "rna_turner2004.par (RNA.params_save)", enthalpies)
+    tables, scalars, special = _json_tables(raw, ep.SCALAR_NAMES)
     if scalars["lxc"] != 107.856:  # the file's Misc line carries lxc as ViennaRNA's lxc37
         raise RuntimeError(f"unexpected lxc {scalars['lxc']}")
-    special = {seq: int(e) for seq, e in raw["special_hairpins"].items()}
+    heat_tables, heat_scalars, heat_special = _json_tables(enthalpies, ep._SCALAR_ENTHALPIES)
+    if set(heat_special) != set(special):
+        raise RuntimeError("the special hairpins' energies and enthalpies name different loops")
     return {
         "format": "foldax-energy-params-1",
         "name": "RNA - Turner 2004",
@@ -97,7 +89,29 @@ def convert() -> dict:
         "tables": tables,
         "scalars": scalars,
         "special_hairpins": special,
+        "enthalpies": {
+            "units": "dcal/mol; the same layout; G(T) = H - (H - G37) (T + 273.15) / 310.15 (max_ninio has none)",
+            "tables": heat_tables,
+            "scalars": heat_scalars,
+            "special_hairpins": heat_special,
+        },
     }
+
+
+def _json_tables(raw: dict, scalar_names) -> tuple[dict, dict, dict]:
+    """A parsed ViennaRNA-layout set in the JSON's layout; every entry must be set."""
+    tables = {}
+    for key in ep.TABLE_SHAPES:
+        table = raw[key][ep._vienna_index(key)] if key in ep._AXES else raw[key]
+        if np.isnan(table).any():
+            raise RuntimeError(f"{key}: the saved file left entries unset")
+        tables[key] = _to_json(table)
+    scalars = {}
+    for key in scalar_names:
+        if np.isnan(raw[key]):
+            raise RuntimeError(f"{key}: the saved file left it unset")
+        scalars[key] = raw[key] if key == "lxc" else int(raw[key])
+    return tables, scalars, {seq: int(e) for seq, e in raw["special_hairpins"].items()}
 
 
 #: ``--par`` sets: ViennaRNA loader, citation, and the data they were fit to (which overlaps ArchiveII).
@@ -186,7 +200,7 @@ def main(argv=None) -> int:
     data = convert()
     if args.check:
         packaged = json.loads(args.out.read_text())
-        same = all(packaged[k] == data[k] for k in ("tables", "scalars", "special_hairpins"))
+        same = all(packaged.get(k) == data[k] for k in ("tables", "scalars", "special_hairpins", "enthalpies"))
         print(
             f"{args.out}: {'identical to' if same else 'DIFFERS from'} ViennaRNA {data['provenance']['viennarna_version']}"
         )

@@ -798,11 +798,12 @@ def test_progress_bar_on_a_terminal_only(capsys, monkeypatch, fasta):
 # --------------------------------------------------------------------------- #
 
 
-def vienna_fold(RNA, seq, *, no_lp=False, constraint=None):
+def vienna_fold(RNA, seq, *, no_lp=False, constraint=None, temperature=37.0, dangles=2):
     """RNAfold -p's numbers for ``seq`` (ViennaRNA's Python API, md.pf_smooth = 0 as in foldax;
-    ``no_lp``: RNAfold --noLP; ``constraint``: RNAfold -C's hard constraint)."""
+    ``no_lp``: RNAfold --noLP; ``constraint``: RNAfold -C's hard constraint; ``temperature``: -T;
+    ``dangles``: -d)."""
     md = RNA.md()
-    md.pf_smooth, md.uniq_ML, md.noLP = 0, 1, int(no_lp)
+    md.pf_smooth, md.uniq_ML, md.noLP, md.temperature, md.dangles = 0, 1, int(no_lp), temperature, dangles
     fc = RNA.fold_compound(seq, md)
     if constraint is not None:
         fc.hc_add_from_db(constraint, RNA.CONSTRAINT_DB_DEFAULT)
@@ -825,6 +826,42 @@ def assert_rnafold_lines(lines, want):
     p, d = re.fullmatch(r" frequency of mfe structure in ensemble (\S+); ensemble diversity (\S+)\s*", frequency
                         ).groups()
     assert float(p) == pytest.approx(want["frequency"], rel=1e-4) and abs(float(d) - want["diversity"]) <= 0.006
+
+
+def test_temperature_prints_rnafold_t_numbers(capsys, fasta):
+    """``foldax fold -T 50 -p --params turner2004`` prints ``RNAfold -T 50 -p``'s lines and numbers."""
+    RNA = pytest.importorskip("RNA")
+    rc, out, err = run(capsys, ["fold", "-i", fasta, "-p", "--params", "turner2004", "-T", "50"])
+    assert rc == 0, err
+    assert "temperature: 50 C" in err and f"kT = {layers.kt(50.0):.6f}" in err
+    lines = out.splitlines()
+    for k, (rid, seq) in enumerate(RECORDS.items()):
+        assert lines[6 * k + 1] == seq
+        assert_rnafold_lines(lines[6 * k + 2:6 * k + 6], vienna_fold(RNA, seq, temperature=50.0))
+
+
+def test_dangles_0_prints_rnafold_d0_numbers(capsys, fasta):
+    """``foldax fold -d0 -p --params turner2004`` prints ``RNAfold -d0 -p``'s lines; -d1 is refused."""
+    RNA = pytest.importorskip("RNA")
+    rc, out, err = run(capsys, ["fold", "-i", fasta, "-p", "--params", "turner2004", "-d0"])
+    assert rc == 0, err
+    assert "dangles: 0" in err
+    lines = out.splitlines()
+    for k, (rid, seq) in enumerate(RECORDS.items()):
+        assert lines[6 * k + 1] == seq
+        assert_rnafold_lines(lines[6 * k + 2:6 * k + 6], vienna_fold(RNA, seq, dangles=0))
+    assert main(["fold", "GGGGAAAACCCC", "--params", "turner2004", "-d1"]) == 2
+    assert "invalid choice: 1" in capsys.readouterr().err
+    rc, out, err = run(capsys, ["fold", "GGGGAAAACCCC", "--params", "handset", "-d0"])
+    assert rc == 2 and "-d0 needs energy parameters" in err
+
+
+def test_temperature_needs_energy_parameters(capsys):
+    rc, out, err = run(capsys, ["fold", "GGGGAAAACCCC", "--params", "handset", "-T", "50"])
+    assert rc == 1 and out == ""
+    assert "handset: stacking-grammar scores have no temperature; temperature=50 needs Turner energy" in err
+    assert main(["fold", "GGGGAAAACCCC", "-T", "-300"]) == 2
+    assert "must be a temperature in degrees Celsius above -273.15" in capsys.readouterr().err
 
 
 @pytest.mark.slow
