@@ -210,13 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="hard constraints, as RNAfold -C: in FASTA-like input the line after each sequence "
                            "is its constraint (instead of a reference structure): '.' none, 'x' unpaired, "
                            "'<' / '>' paired with a later / earlier base or unpaired, '( )' paired together or "
-                           "unpaired, with no pair crossing them. '|' (must pair) has no effect, as in RNAfold "
-                           "without --enforceConstraint, and stderr says so. A '( )' of bases that cannot "
+                           "unpaired, with no pair crossing them. '|' (must pair) has no effect without "
+                           "--enforceConstraint, as in RNAfold, and stderr says so. A '( )' of bases that cannot "
                            "pair (AU GC GU) is an error. Records without a constraint line fold unconstrained")
     fold.add_argument("--enforceConstraint", dest="enforce_constraint", action="store_true",
-                      help="RNAfold's option to require the constraint's pairs: not supported (foldax's "
-                           "constraints forbid pairs, and an enforced pair also forbids its bases to stay "
-                           "unpaired); exits with status 2")
+                      help="with -C, as RNAfold: each '( )' pair must form and each '|' base must pair "
+                           "('<' '>' unchanged); the MFE, -p's numbers and pair probabilities are those of "
+                           "the enforced ensemble. stderr warns about a record whose structure misses some")
     fold.add_argument("--format", choices=("dbn", "bpseq", "ct"), default="dbn", help="output format (default dbn)")
     fold.add_argument("-o", "--prefix", metavar="PREFIX",
                       help="also write one file per record: PREFIX<id>.<format> (PREFIX may be a directory 'dir/')")
@@ -377,9 +377,8 @@ def _progress_bar(total: int):
 def run_fold(args, *, own_process: bool = False) -> int:
     from foldax import fold as F
 
-    if args.enforce_constraint:
-        _err("error: --enforceConstraint is not supported: -C's constraints only forbid pairs ('( )' lets both "
-             "bases stay unpaired, as RNAfold -C without --enforceConstraint)")
+    if args.enforce_constraint and not args.constraint:
+        _err("error: --enforceConstraint needs -C (the constraints it enforces)")
         return 2
     items = F.read_inputs(args.inputs, args.input, constraints=args.constraint)
     errors = [it for it in items if isinstance(it, F.InputError)]
@@ -394,7 +393,8 @@ def run_fold(args, *, own_process: bool = False) -> int:
         return 1
     from foldax.layers.constraints import must_pair_positions
 
-    ignored = {r.id: must_pair_positions(r.constraint) for r in records if r.constraint}
+    ignored = {} if args.enforce_constraint else {r.id: must_pair_positions(r.constraint) for r in records
+                                                   if r.constraint}
     ignored = {rid: positions for rid, positions in ignored.items() if positions}
     if ignored:
         shown = "; ".join(f"{rid}: {', '.join(str(p + 1) for p in positions)}" for rid, positions in
@@ -459,8 +459,10 @@ def run_fold(args, *, own_process: bool = False) -> int:
                                      probs=want_probs, min_hairpin=args.min_hairpin,
                                      no_lonely_pairs=no_lonely_pairs,
                                      no_lp_ensemble="exact" if args.no_lp_exact else "rnafold",
-                                     batch_size=args.batch_size,
+                                     batch_size=args.batch_size, enforce_constraints=args.enforce_constraint,
                                      programs=programs, progress=bar.update)
+            if args.enforce_constraint:
+                _report_unmet(results)
             bar.clear()  # the bar and the printed results share the terminal
             plotted += _write_results(args, results, stems[start:start + block_size], decoder,
                                       several=len(records) > 1)
@@ -470,6 +472,20 @@ def run_fold(args, *, own_process: bool = False) -> int:
         _err(f"--plot without -o: wrote {len(plotted)} PNG file(s) to the current directory {os.getcwd()}: "
              f"{shown} (use -o DIR/ to choose where)")
     return 0
+
+
+def _report_unmet(results) -> None:
+    """stderr names each record whose structure misses enforced elements of its constraint (they
+    cannot all be met; an MEA structure may also leave a '|' base unpaired)."""
+    from foldax.layers.constraints import enforced_bonus
+
+    for result in results:
+        constraint = result.record.constraint
+        if constraint and enforced_bonus(constraint, result.structure) < enforced_bonus(constraint):
+            _err(f"warning: {result.record.id}: the structure meets "
+                 f"{enforced_bonus(constraint, result.structure) / enforced_bonus(constraint):.0%} of the "
+                 f"constraint's enforced pairs and '|' bases (they cannot all be met, or an MEA structure "
+                 f"leaves some unpaired)")
 
 
 def _write_results(args, results, stems, decoder: str, *, several: bool) -> list[str]:

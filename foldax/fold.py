@@ -663,7 +663,8 @@ def batches(records: Sequence[InputRecord], *, batch_size: int | None = None, ma
 def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, gamma: float | None = None,
                  partition: bool = False, probs: bool = False, min_hairpin: int | None = None,
                  no_lonely_pairs: bool = False, no_lp_ensemble: str = "rnafold", batch_size: int | None = None,
-                 max_cells: int | None = None, programs=None, progress=None) -> list[FoldResult]:
+                 max_cells: int | None = None, programs=None, progress=None,
+                 enforce_constraints: bool = False) -> list[FoldResult]:
     """Folds ``records`` in length buckets (:func:`batches`); results in input order.
 
     ``model``: a :class:`FoldModel` (its ``phi_fn``, if any, scores every batch), or
@@ -677,6 +678,9 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
     :class:`foldax.programs.Request`). ``batch_size``: at most this many sequences per batched call (default: by
     length, ``max_cells`` cells; that default is :data:`DEFAULT_MAX_CELLS`, or for energy parameters
     :data:`ENERGY_CELLS_PER_DEVICE` per local device, each call a multiple of the device count).
+    ``enforce_constraints``: the records' constraints also require their ``( )`` pairs and ``|``
+    positions to pair (``RNAfold -C --enforceConstraint``; :func:`foldax.layers.constraint_phi`), and
+    scores and log Z are those of the enforced ensemble.
     ``programs``: a :class:`foldax.programs.FoldPrograms` (default: a new one, in memory);
     each batch is one call of its compiled program. ``progress(n)``: called with the
     number of records of each batch once it is folded.
@@ -707,8 +711,11 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
         seqs += [seqs[0]] * (size - len(chunk))
         tokens, lengths = layers.encode_batch(seqs)
         phi = None if model.phi_fn is None else np.asarray(model.phi_fn(tokens, lengths))
-        phi = _with_constraints(phi, [records[k].constraint for k in chunk], tokens.shape)
+        constraints = [records[k].constraint for k in chunk]
+        phi = _with_constraints(phi, constraints, tokens.shape, enforce=enforce_constraints)
         out = programs(request, params, tokens, lengths, phi=phi, gamma=gamma)
+        if enforce_constraints:
+            out = _without_bonus(out, constraints)
         for row, k in enumerate(chunk):
             results[k] = _result(records[k], out, row, int(lengths[row]), model.energy_kT, request)
         if progress is not None:
@@ -716,17 +723,34 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
     return results  # type: ignore[return-value]
 
 
-def _with_constraints(phi, constraints, shape):
+def _with_constraints(phi, constraints, shape, *, enforce: bool = False):
     """``phi`` [B, L, L] (or None) plus the records' hard constraints (None: unconstrained) for a batch of
-    ``shape`` (B, L), whose rows past ``constraints`` are padding."""
+    ``shape`` (B, L), whose rows past ``constraints`` are padding; ``enforce``: with their bonus."""
     if all(c is None for c in constraints):
         return phi
     batch, width = shape
     forbid = np.zeros((batch, width, width), np.float32)
     for row, constraint in enumerate(constraints):
         if constraint is not None:
-            forbid[row] = layers.constraint_phi(constraint, length=width)
+            forbid[row] = layers.constraint_phi(constraint, length=width, enforce=enforce)
     return forbid if phi is None else phi + forbid
+
+
+def _without_bonus(out: dict, constraints) -> dict:
+    """A program's outputs with the enforced constraints' bonus taken out of log Z and the scores."""
+    from foldax.layers.constraints import enforced_bonus
+
+    out = {name: np.array(value) for name, value in out.items()}
+    for row, constraint in enumerate(constraints):
+        if constraint is None:
+            continue
+        n = len(constraint)
+        if "log_z" in out:
+            out["log_z"][row] -= enforced_bonus(constraint)
+        for score, structure in (("score", "structure"), ("centroid_score", "centroid")):
+            if score in out:
+                out[score][row] -= enforced_bonus(constraint, out[structure][row, :n])
+    return out
 
 
 def _free_energy(energy_kT: float, score: float, evaluated: float | None) -> float:

@@ -2,7 +2,7 @@
 
 from foldax.layers.alphabet import ALPHABET, DEFAULT_BUCKETS, PAD_TOKEN, bucket_length, decode, encode, encode_batch
 from foldax.layers.compiled import ShapeWatch, release_compiled_programs
-from foldax.layers.constraints import constraint_phi, must_pair_positions
+from foldax.layers.constraints import ENFORCE_BONUS, constraint_phi, enforced_bonus, must_pair_positions
 from foldax.layers.decoding import best_structure, mea_structure, mixture_pair_probs, pair_probs, sample_structures
 from foldax.layers.devices import use_all_cores
 from foldax.layers.dotbracket import from_dot_bracket, to_dot_bracket
@@ -45,6 +45,8 @@ __all__ = [
     "ensemble_free_energy",
     "isolated_pairs",
     "constraint_phi",
+    "enforced_bonus",
+    "ENFORCE_BONUS",
     "must_pair_positions",
     "FORBIDDEN_PHI",
     "from_dot_bracket",

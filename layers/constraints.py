@@ -1,6 +1,6 @@
 """Hard structure constraints in RNAfold's notation (``RNAfold -C``), as pair scores ``phi``.
 
-A constraint string has one symbol per nucleotide:
+A constraint string has one symbol per nucleotide (RNAfold's ``-C``):
 
 * ``.`` no constraint; ``x`` unpaired;
 * ``<`` paired with a later nucleotide, or unpaired; ``>`` paired with an earlier one, or unpaired;
@@ -8,6 +8,15 @@ A constraint string has one symbol per nucleotide:
 * ``|`` (must pair): no effect, as in ``RNAfold -C`` without ``--enforceConstraint``, where ViennaRNA
   ignores it (its ``hc_add_from_db(..., CONSTRAINT_DB_DEFAULT)``; :func:`must_pair_positions` names
   such positions so that a caller can say so).
+
+With ``enforce=True`` (``RNAfold -C --enforceConstraint``, ViennaRNA's ``CONSTRAINT_DB_ENFORCE_BP``)
+each ``( )`` pair must form and each ``|`` must pair; ``<`` and ``>`` stay as above, as in ViennaRNA.
+A requirement is not a forbidden pair, so :func:`constraint_phi` expresses it as a bonus: every pair
+that meets ``e`` of the ``E`` enforced elements (a ``( )`` pair itself; a pair of a ``|`` position)
+gets ``e`` x :data:`ENFORCE_BONUS`. A structure meeting all of them then weighs ``E B`` more than
+itself, any other at least ``B`` less than that, so the ensemble is the enforced one up to a relative
+``e^-B`` (times how much likelier the structures that miss an element are): ``log Z`` and the best
+score are :func:`enforced_bonus` too high, pair probabilities and structures are the enforced ones.
 
 Every constraint forbids pairs, and nothing else, so it is a ``phi`` that is
 :data:`~foldax.layers.FORBIDDEN_PHI` on the forbidden pairs and 0 elsewhere: the partition function,
@@ -26,10 +35,15 @@ from foldax.layers.alphabet import encode
 from foldax.layers.energy_params import PAIR_INDEX
 from foldax.layers.free_energy import FORBIDDEN_PHI
 
-__all__ = ["CONSTRAINT_SYMBOLS", "allowed_pairs", "check_constraint", "constraint_phi", "must_pair_positions"]
+__all__ = ["CONSTRAINT_SYMBOLS", "ENFORCE_BONUS", "allowed_pairs", "check_constraint", "constraint_phi",
+           "enforced_bonus", "must_pair_positions"]
 
-#: The symbols of a constraint string (RNAfold's ``-C`` without ``--enforceConstraint``).
+#: The symbols of a constraint string (RNAfold's ``-C``).
 CONSTRAINT_SYMBOLS = ".x|<>()"
+#: The log-weight bonus of one enforced element (``enforce=True``): e^-100 ~ 4e-44 leaves the
+#: structures that miss an element out of the ensemble unless they are ~e^60 likelier (a 37 kcal/mol
+#: advantage at 37 C), while a float32 log Z of a few enforced elements keeps its precision.
+ENFORCE_BONUS = 100.0
 
 
 def _scan(constraint: str) -> tuple[list[tuple[int, int]], np.ndarray]:
@@ -116,10 +130,37 @@ def check_constraint(constraint: str, sequence: str | None = None) -> None:
                 f"energies, foldax's grammars have no such pair")
 
 
+def _enforced(constraint: str) -> tuple[list[tuple[int, int]], list[int]]:
+    pairs, _ = _scan(constraint)
+    return pairs, must_pair_positions(constraint)
+
+
+def enforced_bonus(constraint: str, structure=None) -> float:
+    """What ``constraint_phi(constraint, enforce=True)`` adds to a log-weight: :data:`ENFORCE_BONUS`
+    times the number of enforced elements (``( )`` pairs and ``|`` positions), or with ``structure``
+    (a pair table or dot-bracket) the number of them it meets. Subtract it from ``log_partition``
+    (all of them) and from a structure's ``max_score`` / ``structure_score`` (those it meets).
+
+    >>> enforced_bonus("(|..)"), enforced_bonus("(|..)", "(...)"), enforced_bonus("(|..)", "((.))")
+    (200.0, 100.0, 200.0)
+    """
+    pairs, bars = _enforced(constraint)
+    if structure is None:
+        return ENFORCE_BONUS * (len(pairs) + len(bars))
+    if isinstance(structure, str):
+        from foldax.layers.dotbracket import from_dot_bracket
+
+        structure = from_dot_bracket(structure)
+    partner = np.asarray(structure)
+    met = sum(1 for a, b in pairs if partner[a] == b) + sum(1 for p in bars if partner[p] >= 0)
+    return ENFORCE_BONUS * met
+
+
 def constraint_phi(constraint: str, sequence: str | None = None, *, length: int | None = None,
-                   dtype=np.float32) -> np.ndarray:
+                   dtype=np.float32, enforce: bool = False) -> np.ndarray:
     """The ``phi`` of a hard constraint: ``[n, n]`` (or ``[length, length]``, zero-padded for a batch),
-    :data:`~foldax.layers.FORBIDDEN_PHI` on the pairs it forbids and 0 elsewhere.
+    :data:`~foldax.layers.FORBIDDEN_PHI` on the pairs it forbids and 0 elsewhere; with ``enforce``,
+    also the bonus of the pairs that meet enforced elements (module docstring; :func:`enforced_bonus`).
 
     With ``sequence``, it is checked against it first (:func:`check_constraint`).
 
@@ -140,5 +181,16 @@ def constraint_phi(constraint: str, sequence: str | None = None, *, length: int 
     if size < n:
         raise ValueError(f"constraint has length {n}, longer than length={size}")
     phi = np.zeros((size, size), dtype)
-    phi[:n, :n] = np.where(allowed_pairs(constraint), 0.0, FORBIDDEN_PHI)
+    allowed = allowed_pairs(constraint)
+    phi[:n, :n] = np.where(allowed, 0.0, FORBIDDEN_PHI)
+    if enforce:
+        pairs, bars = _enforced(constraint)
+        met = np.zeros((n, n))
+        for a, b in pairs:
+            met[a, b] += 1
+        bar = np.zeros(n)
+        bar[bars] = 1
+        met += bar[:, None] + bar[None, :]
+        met = np.triu(met, 1)
+        phi[:n, :n] += np.where(allowed, ENFORCE_BONUS * (met + met.T), 0.0).astype(dtype)
     return phi

@@ -798,15 +798,15 @@ def test_progress_bar_on_a_terminal_only(capsys, monkeypatch, fasta):
 # --------------------------------------------------------------------------- #
 
 
-def vienna_fold(RNA, seq, *, no_lp=False, constraint=None, temperature=37.0, dangles=2):
+def vienna_fold(RNA, seq, *, no_lp=False, constraint=None, enforce=False, temperature=37.0, dangles=2):
     """RNAfold -p's numbers for ``seq`` (ViennaRNA's Python API, md.pf_smooth = 0 as in foldax;
-    ``no_lp``: RNAfold --noLP; ``constraint``: RNAfold -C's hard constraint; ``temperature``: -T;
-    ``dangles``: -d)."""
+    ``no_lp``: RNAfold --noLP; ``constraint``: RNAfold -C's hard constraint, ``enforce``:
+    --enforceConstraint; ``temperature``: -T; ``dangles``: -d)."""
     md = RNA.md()
     md.pf_smooth, md.uniq_ML, md.noLP, md.temperature, md.dangles = 0, 1, int(no_lp), temperature, dangles
     fc = RNA.fold_compound(seq, md)
     if constraint is not None:
-        fc.hc_add_from_db(constraint, RNA.CONSTRAINT_DB_DEFAULT)
+        fc.hc_add_from_db(constraint, RNA.CONSTRAINT_DB_DEFAULT | (RNA.CONSTRAINT_DB_ENFORCE_BP if enforce else 0))
     structure, mfe = fc.mfe()
     fc.exp_params_rescale(mfe)
     pseudo, ensemble = fc.pf()

@@ -218,6 +218,116 @@ def test_turner_grammar_constraints_float32_samples_and_gradients(RNA):
         np.testing.assert_allclose(np.asarray(g32), np.asarray(g64), atol=2e-3 * max(1.0, np.abs(g64).max()))
 
 
+def satisfies_enforced(pairs, constraint: str) -> bool:
+    """``--enforceConstraint``: the constraint, and every ``( )`` pair formed, every ``|`` paired."""
+    partner = {}
+    for i, j in pairs:
+        partner[i], partner[j] = j, i
+    opened = []
+    for pos, symbol in enumerate(constraint):
+        if symbol == "|" and pos not in partner:
+            return False
+        if symbol == "(":
+            opened.append(pos)
+        elif symbol == ")" and partner.get(opened.pop()) != pos:
+            return False
+    return satisfies(pairs, constraint)
+
+
+def test_enforced_constraints_match_the_enumeration_stacking_grammar():
+    """The stacking grammar with ``constraint_phi(..., enforce=True)``: log Z minus the bonus, pair
+    probabilities and the best structure are the float64 enumeration's over the structures that meet
+    the enforced constraint (large random scores, float64 and float32)."""
+    rng = random.Random(21)
+    params = random_params(np.random.default_rng(21), scale=3.0)
+    n = 12
+    tokens = np.array([rng.randrange(4) for _ in range(n)], np.int32)
+    structures = list(enumerate_structures(n, 3))
+    checked = 0
+    while checked < 3:
+        constraint = random_constraint(rng, n, rate=0.2)
+        kept = [s for s in structures if satisfies_enforced(s, constraint)]
+        if not kept or "|" not in constraint and "(" not in constraint:
+            continue
+        checked += 1
+        scores = np.array([structure_score_reference(params, tokens, s) for s in kept])
+        want = logsumexp(scores)
+        probs = np.zeros((n, n))
+        for w, s in zip(np.exp(scores - want), kept):
+            for i, j in s:
+                probs[i, j] += w
+                probs[j, i] += w
+        bonus = layers.enforced_bonus(constraint)
+        for dtype, tol in ((jnp.float64, 1e-9), (jnp.float32, 2e-4)):
+            p = jax.tree.map(lambda a, dtype=dtype: jnp.asarray(a, dtype), params)
+            phi = jnp.asarray(layers.constraint_phi(constraint, enforce=True), dtype)
+            got = float(layers.log_partition(p, tokens, phi=phi)) - bonus
+            assert got == pytest.approx(want, rel=tol, abs=tol * max(1.0, bonus / 100)), constraint
+            np.testing.assert_allclose(np.asarray(layers.pair_probs(p, tokens, phi=phi)), probs, atol=10 * tol)
+            best = np.asarray(layers.best_structure(p, tokens, phi=phi))
+            best_pairs = [(i, int(j)) for i, j in enumerate(best) if j > i]
+            assert satisfies_enforced(best_pairs, constraint)
+            assert float(layers.max_score(p, tokens, phi=phi)) - layers.enforced_bonus(constraint, best) == \
+                pytest.approx(scores.max(), rel=tol, abs=tol * max(1.0, bonus / 100))
+
+
+def test_turner_grammar_matches_vienna_enforced_constraints(RNA):
+    """float64, ``enforce=True`` against ViennaRNA's ``CONSTRAINT_DB_ENFORCE_BP``: ensemble free energy
+    (log Z minus the bonus), MFE and pair probabilities; the best structure meets every element."""
+    rng = random.Random(31)
+    seqs, constraints = [], []
+    for n in (24, 41, 57, 64):
+        seq = random_sequence(rng, n, "GGCCAU")
+        fc = RNA.fold_compound(seq, vienna_md(RNA))
+        fc.mfe()
+        fc.pf()
+        RNA.init_rand(rng.randrange(1 << 30))
+        table = layers.from_dot_bracket(fc.pbacktrack())
+        pairs = [(i, int(j)) for i, j in enumerate(table) if j > i]
+        symbols = list(random_constraint(rng, n, pairs, rate=0.0))
+        for pos in rng.sample([p for p in range(n) if table[p] >= 0 and symbols[p] == "."], 2):
+            symbols[pos] = "|"  # bases paired in a sample, so the constraint can be met
+        seqs.append(seq)
+        constraints.append("".join(symbols))
+    tokens, lengths = padded(seqs, 64, seed=4)
+    with jax.enable_x64(True):
+        params = layers.turner2004(jnp.float64)
+        phi = jnp.asarray(np.stack([layers.constraint_phi(c, s, length=64, enforce=True)
+                                    for c, s in zip(constraints, seqs)]))
+        log_z = np.asarray(layers.log_partition(params, tokens, lengths, phi=phi))
+        best = np.asarray(layers.best_structure(params, tokens, lengths, phi=phi))
+        probs = np.asarray(layers.pair_probs(params, tokens, lengths, phi=phi))
+    for row, (seq, constraint) in enumerate(zip(seqs, constraints)):
+        n = len(seq)
+        fc = RNA.fold_compound(seq, vienna_md(RNA))
+        fc.hc_add_from_db(constraint, RNA.CONSTRAINT_DB_DEFAULT | RNA.CONSTRAINT_DB_ENFORCE_BP)
+        _, mfe = fc.mfe()
+        fc.exp_params_rescale(mfe)
+        fc.pf()
+        assert -KT * (log_z[row] - layers.enforced_bonus(constraint)) == pytest.approx(vienna_pf_result(fc), abs=1e-6)
+        pairs = [(i, int(j)) for i, j in enumerate(best[row][:n]) if j > i]
+        assert satisfies_enforced(pairs, constraint), constraint
+        assert float(layers.free_energy(params, tokens[row, :n], best[row][:n])) == pytest.approx(mfe, abs=1e-4)
+        np.testing.assert_allclose(probs[row, :n, :n], vienna_bpp(fc), atol=1e-6)
+
+
+def test_fold_command_enforces_constraints_as_rnafold(RNA, capsys, tmp_path):
+    """``foldax fold -C --enforceConstraint -p --params turner2004`` prints RNAfold's lines; a constraint
+    that cannot be met is named on stderr."""
+    records = {"a": ("GGGAAACCCAGGGAAACCCU", ".(.....)..|........."),
+               "b": ("GGGAAACCCAGGGAAACCCU", "....|..............."),
+               "c": ("GGGAAACCCAGGGAAACCCU", "...|..........|.....")}  # two A's, one U to pair with
+    path = tmp_path / "in.fa"
+    path.write_text("".join(f">{rid}\n{seq}\n{c}\n" for rid, (seq, c) in records.items()))
+    rc, out, err = run(capsys, ["fold", "-C", "--enforceConstraint", "-p", "--params", "turner2004", "-i", path])
+    assert rc == 0, err
+    assert "has no effect" not in err and "warning: c: the structure meets 50%" in err
+    lines = out.splitlines()
+    for k, (seq, constraint) in enumerate(list(records.values())[:2]):
+        assert_rnafold_lines(lines[6 * k + 2:6 * k + 6], vienna_fold(RNA, seq, constraint=constraint, enforce=True))
+    assert lines[2 + 6 * 1].startswith("....(.....(((...))))")  # b: base 5 pairs, against the MFE
+
+
 def test_fold_command_reports_bad_constraints(capsys, tmp_path):
     path = tmp_path / "in.fa"
     path.write_text(">a\nGGGGAAACCCC\n..q........\n>b\nGGGGAAACCCC\n(.........)\n>c\nGGGGAAACCCA\n(.........)\n"
@@ -228,8 +338,8 @@ def test_fold_command_reports_bad_constraints(capsys, tmp_path):
     assert f"{path}:9: record 'c': constraint pairs positions 1 and 11 (1-based), G-A" in err
     assert f"{path}:12: record 'd': constraint has length 4 but the sequence has 11" in err
     assert "record 'b'" not in err and "3 invalid record(s); nothing folded" in err
-    rc, out, err = run(capsys, ["fold", "-C", "--enforceConstraint", "-i", path])
-    assert rc == 2 and out == "" and "--enforceConstraint is not supported" in err
+    rc, out, err = run(capsys, ["fold", "--enforceConstraint", "-i", path])
+    assert rc == 2 and out == "" and "--enforceConstraint needs -C" in err
     # without -C the same lines are reference structures (or, with a 'q', not a structure)
     rc, _, err = run(capsys, ["fold", "-i", path])
     assert rc == 1 and "constraint" not in err
