@@ -122,8 +122,9 @@ def ensemble_free_energy(params, tokens, lengths=None, *, phi=None, min_hairpin=
     stack at all (:func:`isolated_pairs`), so it also counts some lonely pairs and is lower.
     """
     params = _require_energy_params(params, "ensemble_free_energy")
-    return -temperature_kt(params) * log_partition(params, tokens, lengths, phi=phi, min_hairpin=min_hairpin, num_chunks=num_chunks,
-                               no_lonely_pairs=no_lonely_pairs)
+    log_z = log_partition(params, tokens, lengths, phi=phi, min_hairpin=min_hairpin, num_chunks=num_chunks,
+                          no_lonely_pairs=no_lonely_pairs)
+    return -temperature_kt(params) * log_z
 
 
 #: A ``phi`` that removes a pair from the ensemble: its weight ``e^-10000`` is 0 in float32 and float64.

@@ -11,7 +11,8 @@ ViennaRNA writes its current parameter set with ``RNA.params_save`` (the ``.par`
 script parses that file with foldax's own reader (``foldax.layers.energy_params``), starting from an
 all-NaN table so that any entry the file leaves unset shows up, and stores the result in foldax's
 layout (tokens ACGUN, pair types CG GC GU UG AU UA) as integers in dcal/mol (ViennaRNA's unit;
-``null`` = INF), with its enthalpies (for other temperatures), provenance and citations. foldax reads it at run time without ViennaRNA.
+``null`` = INF), with its enthalpies (for other temperatures), provenance and citations. foldax reads
+it at run time without ViennaRNA.
 """
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ def test_packaged_data_is_a_fresh_conversion_with_provenance(RNA):
     spec.loader.exec_module(convert)
     fresh = convert.convert()
     packaged = json.loads((pathlib.Path(ep.__file__).parent / "data" / "rna_turner2004.json").read_text())
-    for key in ("tables", "scalars", "special_hairpins"):
+    for key in ("tables", "scalars", "special_hairpins", "enthalpies"):
         assert packaged[key] == fresh[key], key
     provenance = packaged["provenance"]
     assert re.fullmatch(r"\d+\.\d+\.\d+", provenance["viennarna_version"])
