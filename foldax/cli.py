@@ -193,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="fold at this temperature, as RNAfold -T (default 37): energy parameters only, "
                            "rescaled from their enthalpies as ViennaRNA does (a .par file's own, Turner 2004's "
                            f"for other energy files); without --params the default is {DEFAULT_ENERGY}, the "
-                           "default without its stacking member")
+                           "default without its stacking member. -p's numbers are ViennaRNA's with pf_smooth = 0 "
+                           "(RNAfold's default smooths dangle energies near 0, which away from 37 C can move "
+                           "the ensemble free energy by a few 0.01 kcal/mol)")
     fold.add_argument("-d", "--dangles", type=int, choices=(0, 2), default=2,
                       help="RNAfold -d: 2 (default) scores the neighbours of every stem in multiloops and the "
                            "exterior loop (mismatch or dangle energies); 0 scores none (-d0). Energy parameters "
