@@ -107,6 +107,18 @@ def test_bad_constraints_name_what_and_where():
     assert phi[1, 4] == 0 and phi[0, 4] == layers.FORBIDDEN_PHI == phi[4, 0]
 
 
+def enumerated_ensemble(params, tokens, kept, n):
+    """(scores, log Z, pair probabilities) of the float64 enumeration over the structures ``kept``."""
+    scores = np.array([structure_score_reference(params, tokens, s) for s in kept])
+    want = logsumexp(scores)
+    probs = np.zeros((n, n))
+    for w, s in zip(np.exp(scores - want), kept):
+        for i, j in s:
+            probs[i, j] += w
+            probs[j, i] += w
+    return scores, want, probs
+
+
 def test_stacking_grammar_matches_the_constrained_enumeration():
     """The stacking grammar's log Z and pair probabilities with a constraint's phi equal the float64
     enumeration over the structures that satisfy it (large random scores, float64 and float32)."""
@@ -118,13 +130,7 @@ def test_stacking_grammar_matches_the_constrained_enumeration():
     for _ in range(3):
         constraint = random_constraint(rng, n)
         kept = [s for s in structures if satisfies(s, constraint)]
-        scores = np.array([structure_score_reference(params, tokens, s) for s in kept])
-        want = logsumexp(scores)
-        probs = np.zeros((n, n))
-        for w, s in zip(np.exp(scores - want), kept):
-            for i, j in s:
-                probs[i, j] += w
-                probs[j, i] += w
+        scores, want, probs = enumerated_ensemble(params, tokens, kept, n)
         for dtype, tol in ((jnp.float64, 1e-9), (jnp.float32, 2e-4)):
             p = jax.tree.map(lambda a, dtype=dtype: jnp.asarray(a, dtype), params)
             phi = jnp.asarray(layers.constraint_phi(constraint), dtype)
@@ -250,13 +256,7 @@ def test_enforced_constraints_match_the_enumeration_stacking_grammar():
         if not kept or "|" not in constraint and "(" not in constraint:
             continue
         checked += 1
-        scores = np.array([structure_score_reference(params, tokens, s) for s in kept])
-        want = logsumexp(scores)
-        probs = np.zeros((n, n))
-        for w, s in zip(np.exp(scores - want), kept):
-            for i, j in s:
-                probs[i, j] += w
-                probs[j, i] += w
+        scores, want, probs = enumerated_ensemble(params, tokens, kept, n)
         bonus = layers.enforced_bonus(constraint)
         for dtype, tol in ((jnp.float64, 1e-9), (jnp.float32, 2e-4)):
             p = jax.tree.map(lambda a, dtype=dtype: jnp.asarray(a, dtype), params)
