@@ -1,9 +1,22 @@
-"""Shared test setup: float64 available everywhere (tests pick dtypes explicitly), no persistent
-compiled-program caches, and compiled programs released between test files.
+"""Shared test setup: float64 available everywhere (tests pick dtypes explicitly), one persistent
+compilation cache for the test session, and compiled programs released between test files.
 
-* No persistent caches (neither ``foldax fold``'s nor training's XLA cache, in this process or the
-  subprocesses, which inherit the environment), unless a test sets ``FOLDAX_CACHE_DIR`` or JAX's
-  cache itself: a cache shared across tests made their results depend on each other's programs.
+* One JAX persistent compilation cache for the whole test session, in a temporary folder
+  (``FOLDAX_TEST_JAX_CACHE``: made by the session's first process, pytest or pytest-xdist's
+  controller, and removed when it exits), shared by the test processes and the subprocesses they
+  start (training runs, ``foldax`` commands), which inherit the environment. Most of the suite's
+  time is XLA compiling, and many tests compile the same programs again: the fault-injection and
+  preemption tests alone start ~20 training processes. Measured on 2026-12-07, one core each, side
+  by side: tests/test_faults.py and tests/test_train_preemption.py ran in 448 s with the cache,
+  while without it 8 of their 20 tests had finished; tests/test_turner_model.py and
+  tests/test_expected_f1.py took 712 s against 775 s with the cache in the subprocesses only (one
+  test there trains twice in its process). JAX's cache keys hold the program, the compile options
+  and XLA flags, the devices and the versions, so a program is only reused where it would be
+  compiled to the same code.
+* ``foldax fold``'s program cache and training's own cache stay off (``FOLDAX_CACHE_DIR=''``)
+  unless a test sets them: those caches shared across tests made their results depend on each
+  other's programs. Tests of ``foldax fold``'s program cache turn JAX's off for themselves (a
+  program that came from JAX's cache is not saved again).
 * Every program XLA compiles for the CPU keeps its machine code in memory mappings of its own (about
   70 for a small stacking ``pair_probs``, 500-1,600 for a Turner ``log_partition``, ``pair_probs`` or
   gradient), and JAX keeps every program it compiled for as long as the process lives. The whole
@@ -13,7 +26,10 @@ compiled-program caches, and compiled programs released between test files.
   file, and after any test that leaves the process above half the limit (:mod:`foldax.layers.compiled`).
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import jax
 import pytest
@@ -21,6 +37,15 @@ import pytest
 from foldax.layers.compiled import mapped_regions, release_compiled_programs
 
 os.environ["FOLDAX_CACHE_DIR"] = ""
+
+if "FOLDAX_TEST_JAX_CACHE" not in os.environ:  # the session's first process: pytest, or xdist's controller
+    os.environ["FOLDAX_TEST_JAX_CACHE"] = tempfile.mkdtemp(prefix="foldax-test-jax-cache-")
+    atexit.register(shutil.rmtree, os.environ["FOLDAX_TEST_JAX_CACHE"], True)
+os.environ.update(JAX_COMPILATION_CACHE_DIR=os.environ["FOLDAX_TEST_JAX_CACHE"],
+                  JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+jax.config.update("jax_compilation_cache_dir", os.environ["FOLDAX_TEST_JAX_CACHE"])  # (JAX read it at import)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 jax.config.update("jax_enable_x64", True)
 

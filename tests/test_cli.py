@@ -922,6 +922,7 @@ def test_the_command_keeps_its_programs_and_imports_no_training_stack(tmp_path):
     import subprocess
 
     env = dict(os.environ, FOLDAX_CACHE_DIR=str(tmp_path / "cache"), JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="2")
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)  # (the test session's: foldax does not save what JAX's cache gave)
     cmd = [sys.executable, "-X", "importtime", "-m", "foldax.cli", "fold", "--params", "handset", "GGGGAAACCCC"]
     runs, inodes = [], []
     for _ in range(2):  # one sequence (one device), then two (a batch split over both devices)

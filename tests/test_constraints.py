@@ -183,14 +183,14 @@ def check_against_vienna(params, batch, *, pf_rtol, mfe_tol, bpp_tol):
     best_score = np.asarray(layers.max_score(params, tokens, lengths, phi=phi))
     best = np.asarray(layers.best_structure(params, tokens, lengths, phi=phi))
     probs = np.asarray(layers.pair_probs(params, tokens, lengths, phi=phi))
+    energies = np.asarray(layers.free_energy(params, tokens, best, lengths))
     for row, (seq, constraint, (pf, _, mfe, bpp)) in enumerate(zip(seqs, constraints, want)):
         n = len(seq)
         assert g[row] == pytest.approx(pf, rel=pf_rtol, abs=pf_rtol)
         assert -KT * best_score[row] == pytest.approx(mfe, abs=mfe_tol)
         pairs = [(i, int(j)) for i, j in enumerate(best[row][:n]) if j > i]
         assert satisfies(pairs, constraint)
-        energy = float(layers.free_energy(params, tokens[row, :n], best[row][:n]))
-        assert energy == pytest.approx(mfe, abs=mfe_tol)  # ties may pick another structure
+        assert energies[row] == pytest.approx(mfe, abs=mfe_tol)  # ties may pick another structure
         np.testing.assert_allclose(probs[row, :n, :n], bpp, atol=bpp_tol)
 
 
@@ -205,7 +205,7 @@ def test_turner_grammar_matches_vienna_hard_constraints(RNA):
 def test_turner_grammar_constraints_float32_samples_and_gradients(RNA):
     """float32 within the issue's tolerances; samples satisfy their constraints; the gradient of the
     constrained log Z is finite and equals the expected counts' difference from float64."""
-    batch = constrained_batch(RNA, random.Random(12), (40, 77, 101, 128), 128)
+    batch = constrained_batch(RNA, random.Random(12), (40, 53, 64), 64)
     params32 = layers.turner2004(jnp.float32)
     check_against_vienna(params32, batch, pf_rtol=1e-4, mfe_tol=2e-3, bpp_tol=1e-3)
     seqs, constraints, _, tokens, lengths, phi = batch
@@ -297,6 +297,7 @@ def test_turner_grammar_matches_vienna_enforced_constraints(RNA):
         log_z = np.asarray(layers.log_partition(params, tokens, lengths, phi=phi))
         best = np.asarray(layers.best_structure(params, tokens, lengths, phi=phi))
         probs = np.asarray(layers.pair_probs(params, tokens, lengths, phi=phi))
+        energies = np.asarray(layers.free_energy(params, tokens, best, lengths))
     for row, (seq, constraint) in enumerate(zip(seqs, constraints)):
         n = len(seq)
         fc = RNA.fold_compound(seq, vienna_md(RNA))
@@ -307,7 +308,7 @@ def test_turner_grammar_matches_vienna_enforced_constraints(RNA):
         assert -KT * (log_z[row] - layers.enforced_bonus(constraint)) == pytest.approx(vienna_pf_result(fc), abs=1e-6)
         pairs = [(i, int(j)) for i, j in enumerate(best[row][:n]) if j > i]
         assert satisfies_enforced(pairs, constraint), constraint
-        assert float(layers.free_energy(params, tokens[row, :n], best[row][:n])) == pytest.approx(mfe, abs=1e-4)
+        assert energies[row] == pytest.approx(mfe, abs=1e-4)
         np.testing.assert_allclose(probs[row, :n, :n], vienna_bpp(fc), atol=1e-6)
 
 
