@@ -41,11 +41,13 @@ os.environ["FOLDAX_CACHE_DIR"] = ""
 if "FOLDAX_TEST_JAX_CACHE" not in os.environ:  # the session's first process: pytest, or xdist's controller
     os.environ["FOLDAX_TEST_JAX_CACHE"] = tempfile.mkdtemp(prefix="foldax-test-jax-cache-")
     atexit.register(shutil.rmtree, os.environ["FOLDAX_TEST_JAX_CACHE"], True)
-os.environ.update(JAX_COMPILATION_CACHE_DIR=os.environ["FOLDAX_TEST_JAX_CACHE"],
-                  JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-jax.config.update("jax_compilation_cache_dir", os.environ["FOLDAX_TEST_JAX_CACHE"])  # (JAX read it at import)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+#: JAX's persistent-cache options: set in this process, and as environment variables for its subprocesses.
+JAX_CACHE_OPTIONS = {"jax_compilation_cache_dir": os.environ["FOLDAX_TEST_JAX_CACHE"],
+                     "jax_persistent_cache_min_compile_time_secs": 0.5,
+                     "jax_persistent_cache_min_entry_size_bytes": 0}
+for _name, _value in JAX_CACHE_OPTIONS.items():
+    os.environ[_name.upper()] = str(_value)
+    jax.config.update(_name, _value)  # (this process imported JAX before the variable was set)
 
 jax.config.update("jax_enable_x64", True)
 

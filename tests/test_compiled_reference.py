@@ -39,6 +39,7 @@ followed by the checks to run: ``scores``, ``steps``, ``decoders``), with the ``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import os
 import subprocess
@@ -646,12 +647,14 @@ def test_compiled_matches_reference(case):
 SLOW_IN_PROCESS = [c for c in SLOW if c.check in ("scores", "steps")]
 
 
-def _cpu_flags() -> set[str]:
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo") as f:
-            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+            flags = next((line.split(":", 1)[1] for line in f if line.startswith("flags")), "")
+        return frozenset(flags.split())
     except OSError:
-        return set()
+        return frozenset()
 
 
 def _has_avx2() -> bool:
