@@ -316,3 +316,28 @@ def test_synthetic_records_with_stand_in_sampler(monkeypatch):
         synthetic_records(jax.random.key(0), {}, 1, 5)
     with pytest.raises(ValueError, match="2 lengths given for 1 sequences"):
         synthetic_records(jax.random.key(0), {}, 1, [5, 6])
+
+
+def test_synthetic_examples_compile_one_program_per_length_and_padding_changes_no_sample():
+    """train.datasets.synthetic_examples pads each length's last batch to ``batch_size`` rows: one
+    compiled sampler per length, and each sequence's structure is the one an unpadded call draws."""
+    import jax
+
+    from foldax.layers import decoding
+    from foldax.train.datasets import synthetic_examples
+
+    params = layers.default_params()
+    before = decoding._sample._cache_size()
+    examples = synthetic_examples(params, 14, [12, 16], seed=5, batch_size=4, num_chunks=1)  # 7 per length: 4 + 3
+    assert decoding._sample._cache_size() - before == 2
+    assert [len(ex["sequence"]) for ex in examples] == [12, 16] * 7
+    sample_key = jax.random.split(jax.random.key(5))[1]
+    for n in (16,):
+        idx = [i for i, ex in enumerate(examples) if len(ex["sequence"]) == n]
+        for start in (0, 4):
+            rows = idx[start : start + 4]
+            key = jax.random.fold_in(jax.random.fold_in(sample_key, n), start)
+            tokens = np.stack([encode(examples[i]["sequence"]) for i in rows])
+            want = np.asarray(layers.sample_structures(key, params, tokens, 1, num_chunks=1))[:, 0]
+            got = np.stack([np.asarray(examples[i]["pair_table"]) for i in rows])
+            np.testing.assert_array_equal(got, want)

@@ -10,7 +10,7 @@ from flax import nnx
 from foldax import layers
 from foldax.layers.nnx_layer import InsideLayer, LinenInsideLayer
 
-CHUNKS = 4  # fast compiles; results do not depend on it
+CHUNKS = 2  # fast compiles (each chunk is a loop body XLA compiles on its own); results do not depend on it
 
 
 def batch(seqs=("GGGAAACCC", "ACGUAGCUAGCAUCG", "GCAU")):

@@ -183,7 +183,12 @@ def teacher_params(spec: str, *, scale: float = 1.0, seed: int = 0):
 def synthetic_examples(params, num: int, lengths: Sequence[int], *, seed: int, min_hairpin: int = 3,
                        prefix: str = "synthetic", batch_size: int = 256, num_chunks: int = 4) -> list[dict]:
     """``num`` random ACGU sequences (lengths cycling through ``lengths``), each with one
-    structure sampled from ``params`` (:func:`foldax.layers.decoding.sample_structures`, batched per length)."""
+    structure sampled from ``params`` (:func:`foldax.layers.decoding.sample_structures`, batched per length).
+
+    Every batch of a length has ``batch_size`` rows (the last one padded with copies of its first
+    row, whose samples are dropped), so each length compiles one program: a short last batch used to
+    compile another, ~20 s each. The padding rows do not change the real rows' samples (JAX's
+    partitionable Threefry draws each element from its own counter)."""
     import jax
 
     from foldax.data.examples import make_example
@@ -201,10 +206,11 @@ def synthetic_examples(params, num: int, lengths: Sequence[int], *, seed: int, m
         idx = [i for i in range(num) if lengths[i] == n]
         for start in range(0, len(idx), batch_size):
             chunk = idx[start : start + batch_size]
-            tokens = np.stack([encode(sequences[i]) for i in chunk])
+            rows = chunk + chunk[:1] * (batch_size - len(chunk))
+            tokens = np.stack([encode(sequences[i]) for i in rows])
             key = jax.random.fold_in(jax.random.fold_in(sample_key, n), start)
             out = np.asarray(sample_structures(key, params, tokens, 1, min_hairpin=min_hairpin, num_chunks=num_chunks))
-            for i, table in zip(chunk, out[:, 0]):
+            for i, table in zip(chunk, out[: len(chunk), 0], strict=True):
                 tables[i] = validate_pair_table(table, min_hairpin=min_hairpin, nested=True)
     examples = []
     for i, (sequence, table) in enumerate(zip(sequences, tables)):
