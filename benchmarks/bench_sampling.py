@@ -1,12 +1,15 @@
-"""Sampling speed against the group size of :func:`foldax.layers.chart.sample_pairs`.
+"""Sampling and best-structure speed: the traceback against the outside pass, and ViennaRNA.
 
-``sample_structures`` runs one outside pass per group of samples over the charts tiled ``group``
-times; ``chart.SAMPLE_GROUP_ELEMENTS`` caps the tiled inputs, charts and adjoints of a group.
-Each (case, cap) runs in a process of its own (the cap is read when the program is traced), the
-caps alternating, and reports the best of ``--repeats`` calls after the compiling one::
+``sample_structures`` and ``best_structure`` read structures off the charts in one of two ways
+(``layers.decoding.METHODS``): a top-down traceback that steps only through the cells of each
+structure (the default) or a full outside pass per structure. Each (case, method) runs in a
+process of its own, the methods alternating, and reports the best of ``--repeats`` calls after
+the compiling one. ViennaRNA (one thread, ``md.uniq_ML = 1``) times ``fc.pf()`` plus
+``fc.pbacktrack(samples)`` (sampling cases) or ``fc.mfe()`` (best-structure cases) on the same
+sequences::
 
-    python benchmarks/bench_sampling.py                      # the cases below, caps 2^26 and 2^19
-    python benchmarks/bench_sampling.py --caps 26 21 19 17 --rounds 2
+    python benchmarks/bench_sampling.py                  # every case, both methods
+    python benchmarks/bench_sampling.py --methods traceback --rounds 2
 """
 
 from __future__ import annotations
@@ -18,64 +21,99 @@ import subprocess
 import sys
 import time
 
-#: (grammar, length, samples, dtype): two random sequences each.
-CASES = [("turner", 20, 1000, "float32"), ("turner", 100, 200, "float32"),
-         ("stacking", 100, 1000, "float32"), ("stacking", 12, 2000, "float64")]
+#: (what, grammar, length, samples, dtype, sequences): random ACGU sequences.
+CASES = [("sample", "turner", 20, 1000, "float32", 2), ("sample", "turner", 100, 200, "float32", 2),
+         ("sample", "stacking", 100, 1000, "float32", 2), ("sample", "stacking", 12, 2000, "float64", 2),
+         ("best", "turner", 500, 1, "float32", 1), ("best", "turner", 200, 1, "float32", 8)]
 
 
-def run_one(grammar: str, length: int, samples: int, dtype: str, cap_log2: int, repeats: int) -> dict:
+def sequences(length: int, count: int) -> list[str]:
+    rng = random.Random(length)
+    return ["".join(rng.choice("ACGU") for _ in range(length)) for _ in range(count)]
+
+
+def run_one(what, grammar, length, samples, dtype, count, method, repeats) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     jax.config.update("jax_enable_x64", True)
     from foldax import layers
-    from foldax.layers import chart
 
-    chart.SAMPLE_GROUP_ELEMENTS = 1 << cap_log2
-    rng = random.Random(length)
-    seqs = ["".join(rng.choice("ACGU") for _ in range(length)) for _ in range(2)]
-    tokens, lengths = layers.encode_batch(seqs, buckets=None)
+    tokens, lengths = layers.encode_batch(sequences(length, count), buckets=None)
     params = layers.turner2004(jnp.dtype(dtype)) if grammar == "turner" else jax.tree.map(
         lambda x: jnp.asarray(x, dtype), layers.default_params())
+
+    def call(k):
+        if what == "best":
+            return layers.best_structure(params, tokens, lengths, method=method)
+        return layers.sample_structures(jax.random.key(k), params, tokens, samples, lengths, method=method)
+
     start = time.perf_counter()
-    np.asarray(layers.sample_structures(jax.random.key(0), params, tokens, samples, lengths))
+    np.asarray(call(0))
     first = time.perf_counter() - start
     runs = []
     for k in range(repeats):
         start = time.perf_counter()
-        np.asarray(layers.sample_structures(jax.random.key(k + 1), params, tokens, samples, lengths))
+        np.asarray(call(k + 1))
         runs.append(time.perf_counter() - start)
     return {"first_s": first, "run_s": min(runs)}
 
 
+def vienna(what, length, samples, count, repeats) -> float | None:
+    try:
+        import RNA
+    except ImportError:
+        return None
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for seq in sequences(length, count):
+            md = RNA.md()
+            md.uniq_ML = 1
+            fc = RNA.fold_compound(seq, md)
+            if what == "best":
+                fc.mfe()
+            else:
+                fc.pf()
+                fc.pbacktrack(samples)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--caps", type=int, nargs="+", default=[26, 19], help="log2 of SAMPLE_GROUP_ELEMENTS")
-    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of every cap")
+    parser.add_argument("--methods", nargs="+", default=["traceback", "outside"])
+    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of every method")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--one", nargs=5, help=argparse.SUPPRESS)  # grammar length samples dtype cap (a worker)
+    parser.add_argument("--one", nargs=7, help=argparse.SUPPRESS)  # a worker: a case and a method
     args = parser.parse_args(argv)
     if args.one:
-        grammar, length, samples, dtype, cap = args.one
-        print(json.dumps(run_one(grammar, int(length), int(samples), dtype, int(cap), args.repeats)))
+        what, grammar, length, samples, dtype, count, method = args.one
+        print(json.dumps(run_one(what, grammar, int(length), int(samples), dtype, int(count), method, args.repeats)))
         return
-    print(f"{'grammar':9} {'n':>4} {'samples':>7} {'dtype':8} {'cap':>5} {'first s':>8} {'run s':>8} "
-          f"{'ms/sample':>9} {'vs 2^' + str(args.caps[0]):>9}")
+    print(f"{'what':6} {'grammar':9} {'n':>4} {'seqs':>4} {'samples':>7} {'dtype':8} {'method':10} {'first s':>8} "
+          f"{'run s':>8} {'ms/sample':>9} {'vs ' + args.methods[-1]:>13} {'vs ViennaRNA':>12}")
     for case in CASES:
+        what, grammar, length, samples, dtype, count = case
         best = {}
         for _ in range(args.rounds):
-            for cap in args.caps:
+            for method in args.methods:
                 out = subprocess.run([sys.executable, __file__, "--repeats", str(args.repeats), "--one", *map(str, case),
-                                      str(cap)], capture_output=True, text=True, check=True)
+                                      method], capture_output=True, text=True, check=True)
                 result = json.loads(out.stdout.strip().splitlines()[-1])
-                if cap not in best or result["run_s"] < best[cap]["run_s"]:
-                    best[cap] = result
-        for cap in args.caps:
-            r = best[cap]
-            print(f"{case[0]:9} {case[1]:>4} {case[2]:>7} {case[3]:8} {'2^' + str(cap):>5} {r['first_s']:>8.1f} "
-                  f"{r['run_s']:>8.2f} {1000 * r['run_s'] / case[2]:>9.2f} "
-                  f"{best[args.caps[0]]['run_s'] / r['run_s']:>8.2f}x", flush=True)
+                if method not in best or result["run_s"] < best[method]["run_s"]:
+                    best[method] = result
+        rna = vienna(what, length, samples, count, args.repeats) if grammar == "turner" else None
+        for method in args.methods:
+            r = best[method]
+            speedup = best[args.methods[-1]]["run_s"] / r["run_s"]
+            against = f"{r['run_s'] / rna:>11.1f}x" if rna else f"{'':>12}"
+            print(f"{what:6} {grammar:9} {length:>4} {count:>4} {samples:>7} {dtype:8} {method:10} {r['first_s']:>8.1f} "
+                  f"{r['run_s']:>8.3f} {1000 * r['run_s'] / samples:>9.2f} {speedup:>12.2f}x {against}", flush=True)
+        if rna:
+            print(f"{what:6} {grammar:9} {length:>4} {count:>4} {samples:>7} {'float64':8} {'ViennaRNA':10} {'':>8} "
+                  f"{rna:>8.3f} {1000 * rna / samples:>9.2f}", flush=True)
 
 
 if __name__ == "__main__":

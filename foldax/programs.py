@@ -3,10 +3,9 @@
 Everything ``foldax fold`` prints for a batch comes out of one jit-compiled function,
 :func:`fold_batch`, built from the public :mod:`foldax.layers` functions:
 
-* the best structure and its score together, as ``jax.value_and_grad`` of
-  :func:`foldax.layers.max_score` with respect to ``phi``: the value is ``max_s score(s)``
-  and the gradient the 0/1 indicator of the best structure's pairs (what
-  :func:`foldax.layers.best_structure` computes);
+* the best structure and its score together (:func:`foldax.layers.best_structure` with
+  ``with_score``: the max semiring's charts, ``max_s score(s)`` and a traceback of its
+  structure);
 * with ``-p``, ``log Z`` and the pair probabilities ``P = d log Z / d phi`` in one
   inside + outside pass (what :func:`foldax.layers.log_partition` and
   :func:`foldax.layers.pair_probs` compute), then the MEA structure
@@ -141,8 +140,8 @@ def _valid_square(lengths, length):
 
 
 def _value_and_pair_gradient(value_fn, params, tokens, lengths, phi, request, no_lonely_pairs):
-    """``(value [B], d value / d phi)`` symmetrised and masked to the sequences: for the log
-    semiring the pair probabilities, for the max semiring the best structure's 0/1 pairs."""
+    """``(value [B], d value / d phi)`` symmetrised and masked to the sequences: for ``log_partition``
+    (``log Z``, the pair probabilities)."""
     import jax
     import jax.numpy as jnp
 
@@ -210,9 +209,9 @@ def fold_batch(params, tokens, lengths, phi, gamma, *, request: Request) -> dict
         out["log_z"] = layers.log_partition(params, tokens, lengths, phi=ensemble_phi, min_hairpin=h,
                                             num_chunks=chunks, no_lonely_pairs=exact)
     if request.decoder == "mfe":
-        best, indicator = _value_and_pair_gradient(layers.max_score, params, tokens, lengths, pair_phi, request,
-                                                   request.no_lonely_pairs)
-        out["structure"], out["score"] = _table_of(indicator, lengths, 0.5), best
+        out["structure"], out["score"] = layers.best_structure(params, tokens, lengths, phi=pair_phi, min_hairpin=h,
+                                                               num_chunks=chunks, no_lonely_pairs=request.no_lonely_pairs,
+                                                               with_score=True)
     else:
         out["structure"] = layers.mea_structure(probs, lengths, gamma=gamma, min_hairpin=h, num_chunks=chunks)
         out.update(_values(params, tokens, out["structure"], lengths, phi, request, "score", "energy"))

@@ -16,8 +16,9 @@ arrays that the grammar names with :class:`View` -- and a semiring ``sr``
   places. Memory stays O(L^2) per sequence; a grammar writes no adjoint code;
 * gets the best structure from the max semiring and exact samples from
   :class:`~foldax.layers.semiring.SampleSemiring` in the same outside pass (the "gradient" is a
-  one-hot choice), and second derivatives from ``jax.jvp`` of inside + outside
-  (forward mode through both loops, O(L^2) memory; see :func:`value`).
+  one-hot choice), or, cell by cell, from the same ``step`` run for one cell at a time
+  (``layers/traceback.py``: only the chosen cells); and second derivatives from ``jax.jvp`` of
+  inside + outside (forward mode through both loops, O(L^2) memory; see :func:`value`).
 
 Layout (why it is fast). Charts are stored *by width*: ``chart[b, w, i]`` is the cell
 (i, i + w) (a grammar may shift rows, e.g. ``w + 1``), and charts used as the right

@@ -6,14 +6,17 @@ Everything here reuses the chart engine (``chart.py``); nothing has its own O(n^
   score of exactly the structures containing (i, j), ``P = d log Z / d phi``
   (the outside algorithm, via ``jax.grad``).
 * :func:`mixture_pair_probs` -- ``SUM_k w_k P_k``, the pair probabilities of a mixture of models.
-* :func:`best_structure` -- ``argmax_s score(s)``: in the max semiring the gradient of
-  ``max_score`` w.r.t. ``phi`` is the 0/1 indicator of the best structure's pairs.
+* :func:`best_structure` -- ``argmax_s score(s)``: the max semiring's charts, then a traceback
+  that expands each chosen cell with the pullback of its own recursion
+  (``layers/traceback.py``). With ``method="outside"``, the full outside pass: in the max
+  semiring the gradient of ``max_score`` w.r.t. ``phi`` is the 0/1 indicator of the best
+  structure's pairs.
 * :func:`mea_structure` -- maximum expected accuracy: maximise
   ``SUM_{(i,j) in s} 2 gamma P[i,j] + SUM_{i unpaired} q_i`` with ``q_i = 1 - SUM_j P[i,j]``.
   Subtracting the constant ``SUM_i q_i`` gives ``SUM_{(i,j) in s} (2 gamma P[i,j] - q_i - q_j)``,
   i.e. :func:`best_structure` with zero params and ``phi = 2 gamma P - q_i - q_j``.
 * :func:`sample_structures` -- exact samples from ``p(s | x) = e^{score(s)} / Z`` by a
-  stochastic traceback through the inside charts.
+  stochastic traceback through the inside charts (the same traceback in the sampling semiring).
 
 All functions are jit-compiled, take ``[n]`` or padded ``[B, L]`` inputs with
 ``lengths`` like :func:`foldax.layers.log_partition`, and return pair tables (int32,
@@ -28,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from foldax.layers import chart
+from foldax.layers import chart, traceback
 from foldax.layers.chart import DEFAULT_NUM_CHUNKS
 from foldax.layers.inside import (
     _batched_value,
@@ -134,20 +137,53 @@ def _table_from_indicator(indicator, lengths):
     return jnp.where(paired, jnp.argmax(indicator, axis=2), -1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("min_hairpin", "num_chunks", "no_lonely_pairs"))
-def _best_structure(params, tokens, lengths, phi, *, min_hairpin, num_chunks, no_lonely_pairs=False):
-    grad = _phi_gradient(params, tokens, lengths, phi, min_hairpin, "max", num_chunks, no_lonely_pairs)
-    return _table_from_indicator(grad + jnp.swapaxes(grad, 1, 2), lengths)
+#: How :func:`best_structure`, :func:`mea_structure` and :func:`sample_structures` read their
+#: structures off the charts: ``"traceback"`` expands only the chosen cells, one cell at a time
+#: (``layers/traceback.py``; O(n) cell steps per structure); ``"outside"`` runs the full outside
+#: pass of the max or sampling semiring (O(n^3) per structure, but no sequential loop: the
+#: form for accelerators, and the traceback's reference in the tests).
+METHODS = ("traceback", "outside")
+
+
+def _check_method(method):
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    return method
+
+
+@functools.partial(jax.jit, static_argnames=("min_hairpin", "num_chunks", "no_lonely_pairs", "method", "with_score"))
+def _best_structure(params, tokens, lengths, phi, *, min_hairpin, num_chunks, no_lonely_pairs=False,
+                    method="traceback", with_score=False):
+    if method == "traceback" and tokens.shape[1] > 0:
+        problem, inputs = engine_inputs(params, tokens, lengths, phi, min_hairpin=min_hairpin, semiring="max",
+                                        num_chunks=num_chunks, no_lonely_pairs=no_lonely_pairs)
+        tables, best = traceback.traceback_tables(problem, "max", None, inputs, lengths, with_values=True)
+        return (tables[0], best) if with_score else tables[0]
+    if phi is None:
+        phi = jnp.zeros(tokens.shape + tokens.shape[-1:], _result_dtype(params))
+    value = functools.partial(_batched_value, params, tokens, lengths, min_hairpin=min_hairpin, semiring="max",
+                              num_chunks=num_chunks, no_lonely_pairs=no_lonely_pairs)
+
+    def total(f):
+        values = value(f)
+        return jnp.sum(values), values
+
+    (_, best), grad = jax.value_and_grad(total, has_aux=True)(phi)
+    table = _table_from_indicator(grad + jnp.swapaxes(grad, 1, 2), lengths)
+    return (table, best) if with_score else table
 
 
 def best_structure(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num_chunks=DEFAULT_NUM_CHUNKS,
-                   no_lonely_pairs=False):
+                   no_lonely_pairs=False, method="traceback", with_score=False):
     """The highest-scoring structure ``argmax_s score(s)`` as a pair table.
 
     Arguments as for :func:`foldax.layers.max_score`; its :func:`foldax.layers.structure_score` equals
     ``max_score``. Ties are broken deterministically by the max semiring (the first
     alternative of each arg-max: a base left unpaired before a pair, the smallest split
     point, stacking before a loop). Returns int32 ``[n]`` (or ``[B, L]``, -1 on padding).
+    ``method`` (see :data:`METHODS`): ``"traceback"`` (the max charts, then one cell step per
+    node of the structure) or ``"outside"`` (the max semiring's outside pass). With
+    ``with_score``, returns ``(structure, max_score)`` from the same charts.
 
     Example:
       >>> from foldax import layers
@@ -159,13 +195,15 @@ def best_structure(params, tokens, lengths=None, *, phi=None, min_hairpin=3, num
     no_lonely_pairs = check_no_lonely_pairs(params, no_lonely_pairs)
     tokens, lengths, phi, batched = _check_inputs(tokens, lengths, phi, min_hairpin)
     run = functools.partial(_best_structure, min_hairpin=int(min_hairpin), num_chunks=num_chunks,
-                            no_lonely_pairs=no_lonely_pairs)
-    out = batch_sharded(run, tokens)(params, tokens, lengths, phi)
+                            no_lonely_pairs=no_lonely_pairs, method=_check_method(method), with_score=bool(with_score))
+    out = batch_sharded(run, tokens, num_outputs=2 if with_score else 1)(params, tokens, lengths, phi)
+    if with_score:
+        return out if batched else jax.tree.map(lambda x: x[0], out)
     return out if batched else out[0]
 
 
-@functools.partial(jax.jit, static_argnames=("min_hairpin", "num_chunks"))
-def _mea_structure(probs, lengths, gamma, *, min_hairpin, num_chunks):
+@functools.partial(jax.jit, static_argnames=("min_hairpin", "num_chunks", "method"))
+def _mea_structure(probs, lengths, gamma, *, min_hairpin, num_chunks, method="traceback"):
     probs = jnp.where(_valid_square(lengths, probs.shape[1]), probs, 0)
     q = 1 - jnp.sum(probs, axis=2)
     phi = 2 * gamma * probs - q[:, :, None] - q[:, None, :]
@@ -173,16 +211,19 @@ def _mea_structure(probs, lengths, gamma, *, min_hairpin, num_chunks):
     params = {"stack": jnp.zeros((5,) * 4, probs.dtype), "pair": jnp.zeros((5, 5), probs.dtype),
               "unpaired": jnp.zeros((5,), probs.dtype), "loop": zero}
     tokens = jnp.zeros(probs.shape[:2], jnp.int32)
-    return _best_structure(params, tokens, lengths, phi, min_hairpin=min_hairpin, num_chunks=num_chunks)
+    return _best_structure(params, tokens, lengths, phi, min_hairpin=min_hairpin, num_chunks=num_chunks,
+                           method=method)
 
 
-def mea_structure(pair_probs, lengths=None, *, gamma=1.0, min_hairpin=3, num_chunks=DEFAULT_NUM_CHUNKS):
+def mea_structure(pair_probs, lengths=None, *, gamma=1.0, min_hairpin=3, num_chunks=DEFAULT_NUM_CHUNKS,
+                  method="traceback"):
     """Maximum expected accuracy structure for base-pair probabilities ``pair_probs``.
 
     Maximises ``SUM_{(i,j) in s} 2 gamma P[i,j] + SUM_{i unpaired} (1 - SUM_j P[i,j])`` over
     nested structures with ``j - i > min_hairpin`` (larger ``gamma``: more pairs). Runs the
-    chart engine in the max semiring (JAX, jit-compiled, batched; one O(n^3) inside and
-    outside pass). Ties are broken as in :func:`best_structure`.
+    chart engine in the max semiring (JAX, jit-compiled, batched; one O(n^3) inside pass and a
+    traceback, or with ``method="outside"`` an outside pass). Ties are broken as in
+    :func:`best_structure`.
 
     Args:
       pair_probs: ``[n, n]`` or ``[B, L, L]`` symmetric probabilities (see :func:`pair_probs`).
@@ -204,7 +245,8 @@ def mea_structure(pair_probs, lengths=None, *, gamma=1.0, min_hairpin=3, num_chu
     _, lengths, _, batched = _check_inputs(tokens, lengths, None, min_hairpin)
     probs = probs if batched else probs[None]
     gamma = jnp.asarray(gamma, probs.dtype)
-    run = functools.partial(_mea_structure, min_hairpin=int(min_hairpin), num_chunks=num_chunks)
+    run = functools.partial(_mea_structure, min_hairpin=int(min_hairpin), num_chunks=num_chunks,
+                            method=_check_method(method))
     out = batch_sharded(run, probs)(probs, lengths, gamma)
     return out if batched else out[0]
 
@@ -231,29 +273,38 @@ def pair_table_from_marks(marks, lengths):
     return jnp.where(jnp.arange(length) < lengths[..., None], table, -1)
 
 
-@functools.partial(jax.jit, static_argnames=("num_samples", "min_hairpin", "num_chunks", "no_lonely_pairs"))
-def _sample(key, params, tokens, lengths, phi, *, num_samples, min_hairpin, num_chunks, no_lonely_pairs=False):
+@functools.partial(jax.jit, static_argnames=("num_samples", "min_hairpin", "num_chunks", "no_lonely_pairs",
+                                             "method"))
+def _sample(key, params, tokens, lengths, phi, *, num_samples, min_hairpin, num_chunks, no_lonely_pairs=False,
+            method="traceback"):
     problem, inputs = engine_inputs(params, tokens, lengths, phi, min_hairpin=min_hairpin, num_chunks=num_chunks,
                                     no_lonely_pairs=no_lonely_pairs)
+    if method == "traceback":
+        return jnp.swapaxes(traceback.traceback_tables(problem, "sample", key, inputs, lengths, num_samples), 0, 1)
     marks = chart.sample_pairs(problem, key, inputs, lengths, num_samples)  # [S, B, L, L]
     tables = pair_table_from_marks(marks, jnp.broadcast_to(lengths, marks.shape[:2]))
     return jnp.swapaxes(tables, 0, 1)
 
 
 def sample_structures(key, params, tokens, num_samples, lengths=None, *, phi=None, min_hairpin=3,
-                      num_chunks=DEFAULT_NUM_CHUNKS, no_lonely_pairs=False):
+                      num_chunks=DEFAULT_NUM_CHUNKS, no_lonely_pairs=False, method="traceback"):
     """``num_samples`` exact, independent samples from ``p(s | x) = e^{score(s)} / Z(x)``.
 
-    One inside pass, then an outside pass in the sampling semiring per group of samples
-    (:func:`foldax.layers.chart.sample_pairs`: the adjoint goes to one alternative drawn from its
-    softmax share, a stochastic traceback written as the outside pass of the same
-    recursion). O(n^3) per sample, vectorised over samples and sequences.
+    One inside pass, then a stochastic traceback: each sample expands its cells top-down, one
+    at a time, each cell choosing one alternative of its recursion with probability equal to
+    that alternative's share of the cell's total (:func:`foldax.layers.traceback.traceback_tables`;
+    the choice is the pullback of the grammar's own recursion in the sampling semiring). O(n)
+    cell steps per sample, vectorised over samples and sequences. ``method="outside"`` draws
+    each sample as a full outside pass in the sampling semiring instead
+    (:func:`foldax.layers.chart.sample_pairs`; O(n^3) per sample).
 
     Args:
       key: a JAX PRNG key.
       num_samples: static int.
       params, tokens, lengths, phi, min_hairpin, no_lonely_pairs: as for
         :func:`foldax.layers.log_partition`.
+      method: ``"traceback"`` or ``"outside"`` (:data:`METHODS`). The two draw from the same
+        distribution, not the same samples for a key.
 
     Returns:
       int32 pair tables ``[num_samples, n]`` (or ``[B, num_samples, L]``, -1 on padding).
@@ -273,6 +324,6 @@ def sample_structures(key, params, tokens, num_samples, lengths=None, *, phi=Non
     if length == 0 or num_samples == 0:
         return jnp.zeros((batch, num_samples, length) if batched else (num_samples, length), jnp.int32)
     run = functools.partial(_sample, num_samples=int(num_samples), min_hairpin=int(min_hairpin),
-                            num_chunks=num_chunks, no_lonely_pairs=no_lonely_pairs)
+                            num_chunks=num_chunks, no_lonely_pairs=no_lonely_pairs, method=_check_method(method))
     out = batch_sharded(run, tokens)(key, params, tokens, lengths, phi)
     return out if batched else out[0]

@@ -445,6 +445,11 @@ def _loop_sums(sr, lengths_table, qb, inner, linear, first_shift, width):
         return _log_or_neg_inf(values) + log_scale
     if sr.name == "sample":
         inner = jnp.log(inner)
+    if width == 1:
+        # One cell (the traceback): row r's terms are column first_shift + r of the window.
+        rows = lengths_table.shape[1]
+        window = (qb + inner)[:, :, first_shift : first_shift + rows]  # [B, rho, R]
+        return sr.sum(lengths_table + jnp.swapaxes(window, 1, 2), axis=2)[:, :, None]
     return _shifted_rows(sr.matmul(lengths_table, qb + inner), first_shift, width)
 
 
@@ -544,6 +549,10 @@ class TurnerGrammar:
     def writes(self, d, length):
         return {"QBs": (d + ROW_PAD, 0), "QBr": (length - d, d + WINDOW), "QM1r": (length - d, d),
                 "QMc": (d + 1, 0), "ML": (d + 2, 0, len(self.ml_segments) * (length + 1)), "F5": (0, d + 1, 1)}
+
+    def packed_stride(self, name, length):
+        """The ML row packs its charts in segments of L + 1 columns (see ``init_charts``)."""
+        return length + 1 if name == "ML" else None
 
     def pair_marks(self, arrays):
         """[B, L(d), L(i)]: the adjoint of the pair scores (added once per pair) marks the pairs."""
