@@ -4,8 +4,8 @@ Everything ``foldax fold`` prints for a batch comes out of one jit-compiled func
 :func:`fold_batch`, built from the public :mod:`foldax.layers` functions:
 
 * the best structure and its score together (:func:`foldax.layers.best_structure` with
-  ``with_score``: the max semiring's charts, ``max_s score(s)`` and a traceback of its
-  structure);
+  ``with_score``: the max semiring's charts, ``max_s score(s)`` and its structure, read off
+  the charts as :func:`decode_method` says);
 * with ``-p``, ``log Z`` and the pair probabilities ``P = d log Z / d phi`` in one
   inside + outside pass (what :func:`foldax.layers.log_partition` and
   :func:`foldax.layers.pair_probs` compute), then the MEA structure
@@ -132,6 +132,19 @@ def num_chunks_for(batch: int, length: int) -> int | None:
     return 1 if batch == 1 and length <= ONE_CHUNK_MAX_LENGTH else None
 
 
+def decode_method(request) -> str:
+    """How a program reads its MFE or MEA structure off the charts (``layers.decoding.METHODS``).
+
+    A batch traces back cell by cell (``"traceback"``): `foldax fold -i` on 1,000 sequences of
+    100-300 nt took 67 s against 102 s with the outside pass (BENCHMARKS.md, "Command line"). A
+    single sequence's one-chunk program (:func:`num_chunks_for`) keeps the outside pass: the
+    traceback's loop costs that first call about 2.5 s more to compile (`foldax fold` on one
+    100-nt sequence, empty program cache, alternating: 7.1-7.9 s against 10.0-10.2 s, 2026-12-07),
+    and the run is short either way.
+    """
+    return "outside" if request.num_chunks == 1 else "traceback"
+
+
 def _valid_square(lengths, length):
     import jax.numpy as jnp
 
@@ -211,9 +224,10 @@ def fold_batch(params, tokens, lengths, phi, gamma, *, request: Request) -> dict
     if request.decoder == "mfe":
         out["structure"], out["score"] = layers.best_structure(params, tokens, lengths, phi=pair_phi, min_hairpin=h,
                                                                num_chunks=chunks, no_lonely_pairs=request.no_lonely_pairs,
-                                                               with_score=True)
+                                                               with_score=True, method=decode_method(request))
     else:
-        out["structure"] = layers.mea_structure(probs, lengths, gamma=gamma, min_hairpin=h, num_chunks=chunks)
+        out["structure"] = layers.mea_structure(probs, lengths, gamma=gamma, min_hairpin=h, num_chunks=chunks,
+                                                method=decode_method(request))
         out.update(_values(params, tokens, out["structure"], lengths, phi, request, "score", "energy"))
     if request.centroid:
         upper = jnp.triu(probs, 1)
