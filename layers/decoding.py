@@ -157,8 +157,8 @@ def _best_structure(params, tokens, lengths, phi, *, min_hairpin, num_chunks, no
     if method == "traceback" and tokens.shape[1] > 0:
         problem, inputs = engine_inputs(params, tokens, lengths, phi, min_hairpin=min_hairpin, semiring="max",
                                         num_chunks=num_chunks, no_lonely_pairs=no_lonely_pairs)
-        tables, best = traceback.traceback_tables(problem, "max", None, inputs, lengths, with_values=True)
-        return (tables[0], best) if with_score else tables[0]
+        table, best = traceback.best_tables(problem, inputs, lengths)
+        return (table, best) if with_score else table
     if phi is None:
         phi = jnp.zeros(tokens.shape + tokens.shape[-1:], _result_dtype(params))
     value = functools.partial(_batched_value, params, tokens, lengths, min_hairpin=min_hairpin, semiring="max",

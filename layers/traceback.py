@@ -237,3 +237,20 @@ def traceback_tables(problem: Problem, semiring: str, key, inputs, lengths, num_
     tables = lax.map(one_group, samples)
     tables = tables.reshape((num_groups * group, batch, length))[:num_samples]
     return (tables, values) if with_values else tables
+
+
+@functools.lru_cache(maxsize=256)
+def _best_program(problem: Problem):
+    @chart._fold_vmap
+    def best(inputs, lengths):
+        tables, values = traceback_tables(problem, "max", None, inputs, lengths, with_values=True)
+        return tables[0], values
+
+    return best
+
+
+def best_tables(problem: Problem, inputs, lengths):
+    """``(pair tables [B, L], best scores [B])`` by the max traceback; ``jax.vmap`` of it is
+    folded into the batch axis (one traceback over all the mapped sequences, as the engine's
+    value programs do), not a mapped loop."""
+    return _best_program(problem)(inputs, lengths)
