@@ -45,14 +45,20 @@ from foldax.layers.inside import (
 
 
 def _phi_gradient(params, tokens, lengths, phi, min_hairpin, semiring, num_chunks, no_lonely_pairs=False):
-    """d value / d phi [B, L, L] (upper triangle; phi = 0 when None)."""
+    """(value [B], d value / d phi [B, L, L]) (upper triangle; phi = 0 when None)."""
     if phi is None:
         phi = jnp.zeros(tokens.shape + tokens.shape[-1:], _result_dtype(params))
     value = functools.partial(
         _batched_value, params, tokens, lengths, min_hairpin=min_hairpin, semiring=semiring, num_chunks=num_chunks,
         no_lonely_pairs=no_lonely_pairs,
     )
-    return jax.grad(lambda f: jnp.sum(value(f)))(phi)
+
+    def total(f):
+        values = value(f)
+        return jnp.sum(values), values
+
+    (_, values), grad = jax.value_and_grad(total, has_aux=True)(phi)
+    return values, grad
 
 
 def _valid_square(lengths, length):
@@ -63,7 +69,7 @@ def _valid_square(lengths, length):
 
 @functools.partial(jax.jit, static_argnames=("min_hairpin", "num_chunks", "no_lonely_pairs"))
 def _pair_probs(params, tokens, lengths, phi, *, min_hairpin, num_chunks, no_lonely_pairs=False):
-    grad = _phi_gradient(params, tokens, lengths, phi, min_hairpin, "log", num_chunks, no_lonely_pairs)
+    _, grad = _phi_gradient(params, tokens, lengths, phi, min_hairpin, "log", num_chunks, no_lonely_pairs)
     probs = grad + jnp.swapaxes(grad, 1, 2)
     return jnp.where(_valid_square(lengths, tokens.shape[1]), probs, 0)
 
@@ -159,16 +165,7 @@ def _best_structure(params, tokens, lengths, phi, *, min_hairpin, num_chunks, no
                                         num_chunks=num_chunks, no_lonely_pairs=no_lonely_pairs)
         table, best = traceback.best_tables(problem, inputs, lengths)
         return (table, best) if with_score else table
-    if phi is None:
-        phi = jnp.zeros(tokens.shape + tokens.shape[-1:], _result_dtype(params))
-    value = functools.partial(_batched_value, params, tokens, lengths, min_hairpin=min_hairpin, semiring="max",
-                              num_chunks=num_chunks, no_lonely_pairs=no_lonely_pairs)
-
-    def total(f):
-        values = value(f)
-        return jnp.sum(values), values
-
-    (_, best), grad = jax.value_and_grad(total, has_aux=True)(phi)
+    best, grad = _phi_gradient(params, tokens, lengths, phi, min_hairpin, "max", num_chunks, no_lonely_pairs)
     table = _table_from_indicator(grad + jnp.swapaxes(grad, 1, 2), lengths)
     return (table, best) if with_score else table
 

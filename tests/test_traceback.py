@@ -147,3 +147,30 @@ def test_the_traceback_names_what_a_grammar_must_provide():
 
     with pytest.raises(ValueError, match="'QMc'.*affine"):
         traceback._write_geometry(Bent(), 20)
+
+
+@pytest.mark.slow
+def test_realistic_lengths_against_vienna_and_pair_probs():
+    """As shipped (float32, automatic chunks, length buckets 256 and 384): the traceback's best
+    structure has ViennaRNA's MFE energy, and 1,000 samples' pair frequencies match pair_probs."""
+    RNA = pytest.importorskip("RNA")
+    rng = np.random.default_rng(12)
+    params = layers.turner2004(jnp.float32)
+    for seqs in ([random_rna(rng, 180), random_rna(rng, 250)], [random_rna(rng, 330)]):
+        tokens, lengths = layers.encode_batch(seqs)
+        best = layers.best_structure(params, tokens, lengths)
+        energy = np.asarray(layers.free_energy(params, tokens, best, lengths))
+        probs = np.asarray(layers.pair_probs(params, tokens, lengths))
+        samples = np.asarray(layers.sample_structures(jax.random.key(3), params, tokens, 1000, lengths))
+        for b, seq in enumerate(seqs):
+            md = RNA.md()
+            md.uniq_ML = 1
+            assert energy[b] == pytest.approx(RNA.fold_compound(seq, md).mfe()[1], abs=1e-3), seq
+            n = len(seq)
+            freq = np.zeros((n, n))
+            for table in samples[b]:
+                i = np.flatnonzero(table[:n] > np.arange(n))
+                freq[i, table[i]] += 1 / len(samples[b])
+            p = np.triu(probs[b, :n, :n], 1)
+            sigma = np.sqrt(p * (1 - p) / len(samples[b]))
+            assert np.all(np.abs(freq - p) <= 5 * sigma + 0.01), (n, float(np.max(np.abs(freq - p))))
