@@ -1,6 +1,9 @@
-"""Shared test setup: float64 available everywhere (tests pick dtypes explicitly), one persistent
-compilation cache for the test session, and compiled programs released between test files.
+"""Shared test setup: float64 available everywhere (tests pick dtypes explicitly), XLA compiling
+without LLVM's optimisation, one persistent compilation cache for the test session, and compiled
+programs released between test files.
 
+* The session and the processes it starts compile with ``--xla_backend_optimization_level=0``
+  (``tests/compile_flags.py``: why, what it saves, and which tests compile as users' code does).
 * One JAX persistent compilation cache for the whole test session, in a temporary folder
   (``FOLDAX_TEST_JAX_CACHE``: made by the session's first process, pytest or pytest-xdist's
   controller, and removed when it exits), shared by the test processes and the subprocesses they
@@ -34,9 +37,12 @@ import tempfile
 import jax
 import pytest
 
+from compile_flags import session_flags
 from foldax.layers.compiled import mapped_regions, release_compiled_programs
 
 os.environ["FOLDAX_CACHE_DIR"] = ""
+# Before JAX starts its CPU backend, which reads XLA_FLAGS once (nothing above computes anything).
+os.environ["XLA_FLAGS"] = session_flags(os.environ.get("XLA_FLAGS", ""))
 
 if "FOLDAX_TEST_JAX_CACHE" not in os.environ:  # the session's first process: pytest, or xdist's controller
     os.environ["FOLDAX_TEST_JAX_CACHE"] = tempfile.mkdtemp(prefix="foldax-test-jax-cache-")

@@ -3,17 +3,19 @@
 Issue 10: ``structure_score`` was wrong under ``jit`` for most inputs of length >= 33,
 while every test at small ``n`` passed, because XLA:CPU miscompiled its loop with AVX2
 code generation (see ``tests/test_xla_regression.py``). The code XLA emits depends on
-the CPU's vector ISA, the shapes and the number of devices, so the checks run
+the CPU's vector ISA, the optimisation level, the shapes and the number of devices. The rest
+of the test session compiles with LLVM's optimisation off (``tests/compile_flags.py``), so
+the checks here run in subprocesses with XLA's default optimisation, as users' programs compile,
+and two CPU devices, where they also run with the batch sharded over both devices (automatic
+and explicit meshes) and the training and evaluation steps get one row per device:
 
-* in this process (the host's own code generation, one device; the slow sweep's scoring
-  cases only, since the decoders and the Turner grammar run on this code generation in
-  every other test file, and not at all on a CPU whose own code generation is AVX2, where
-  the subprocess below runs them with it), and
-* in a subprocess with AVX2 code generation (on x86-64 CPUs that have it, AVX-512 ones
-  included) and two CPU devices
-  (``XLA_FLAGS=--xla_cpu_max_isa=AVX2 --xla_force_host_platform_device_count=2``),
-  where they also run with the batch sharded over both devices (automatic and explicit
-  meshes) and the training and evaluation steps get one row per device.
+* with AVX2 code generation (``XLA_FLAGS=--xla_cpu_max_isa=AVX2
+  --xla_force_host_platform_device_count=2``, on x86-64 CPUs that have it, AVX-512 ones
+  included), every case;
+* with the host's own code generation, where that is not AVX2 (the slow sweep's scoring and
+  training-step cases, where issue 10's miscompile was).
+
+The default run's cheapest case also runs in this process, under the session's flags.
 
 The references share no code with the engine: a plain loop over the pairs
 (:func:`foldax.layers.reference.structure_score_reference`), the grammar's recursion in float64
@@ -22,9 +24,8 @@ NumPy (:func:`reference_log_z`, checked here against the cell-by-cell loops of
 Only public functions are called (``layers.*``, ``model.*``, ``train.*``).
 
 The default run checks a few representative cases (``FAST``: all of them in the
-subprocess, the cheapest in this process); ``-m slow`` sweeps (``SLOW``: all of it in the
-subprocess, its scoring cases in this process; on a CPU whose own code generation is AVX2, neither
-the in-process part nor the Turner case, which every other test runs on that code) parameter
+AVX2 subprocess, the cheapest in this process); ``-m slow`` sweeps (``SLOW``: all of it in the
+AVX2 subprocess, its scoring cases with the host's code generation) parameter
 scales (std 0.1, 1, 2, 5), lengths 1..500 in several buckets, ``min_hairpin`` 0, 1, 3, 5,
 float32 and float64, IUPAC letters, with and without ``phi``, ``[n]`` calls, plain ``jit``,
 ``vmap``, batches with mixed lengths, sharding and the training and evaluation steps.
@@ -57,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script (the worker subprocess)
     sys.path.insert(0, str(ROOT))
 
+from compile_flags import default_code_generation, with_devices  # noqa: E402
 from foldax import layers  # noqa: E402
 from foldax.layers.dotbracket import pairs_from_table, validate_pair_table  # noqa: E402
 from foldax.layers.reference import (  # noqa: E402
@@ -641,12 +643,6 @@ def test_compiled_matches_reference(case):
     run_case(case)
 
 
-#: The slow sweep's part in this process: the scoring checks (``structure_score``, ``log_prob``,
-#: the training and evaluation steps), where issue 10's miscompile was. The decoders' and the
-#: Turner cases run with the rest in the AVX2 two-device subprocess.
-SLOW_IN_PROCESS = [c for c in SLOW if c.check in ("scores", "steps")]
-
-
 @functools.cache
 def _cpu_flags() -> frozenset[str]:
     try:
@@ -666,20 +662,12 @@ def _host_code_is_avx2() -> bool:
     return _has_avx2() and not any(flag.startswith("avx512") for flag in _cpu_flags())
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(_host_code_is_avx2(), reason="this CPU's own code generation is AVX2: the AVX2 sweep "
-                    "(test_compiled_matches_reference_sweep_avx2_two_devices) runs these cases with it")
-@pytest.mark.parametrize("case", SLOW_IN_PROCESS, ids=[c.id for c in SLOW_IN_PROCESS])
-def test_compiled_matches_reference_sweep(case):
-    run_case(case)
-
-
-def _run_worker(case_set, *checks):
-    """Runs ``case_set`` (only ``checks``, if given) in a subprocess with AVX2 code generation (where
-    the CPU has it) and two CPU devices."""
-    isa = "--xla_cpu_max_isa=AVX2" if _has_avx2() else ""
-    flags = f"{os.environ.get('XLA_FLAGS', '')} {isa} --xla_force_host_platform_device_count=2"
-    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
+def _run_worker(case_set, *checks, avx2=True):
+    """Runs ``case_set`` (only ``checks``, if given) in a subprocess with XLA's default optimisation,
+    two CPU devices and AVX2 code generation (where the CPU has it; ``avx2=False``: the host's own)."""
+    isa = "--xla_cpu_max_isa=AVX2" if avx2 and _has_avx2() else ""
+    flags = default_code_generation(with_devices(2))
+    env = dict(os.environ, XLA_FLAGS=f"{flags} {isa}".strip(), JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, __file__, case_set, *checks], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=3600)
     assert proc.returncode == 0, f"{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
@@ -692,10 +680,16 @@ def test_compiled_matches_reference_avx2_two_devices():
 
 @pytest.mark.slow
 def test_compiled_matches_reference_sweep_avx2_two_devices():
-    # Where the host's own code generation is AVX2, every Turner test of the suite already runs on it
-    # (and tests/test_devices.py splits a Turner batch over two devices): the sweep's Turner case is
-    # for the other CPUs.
-    _run_worker("slow", *(("scores", "steps", "decoders") if _host_code_is_avx2() else ()))
+    _run_worker("slow")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_host_code_is_avx2(), reason="this CPU's own code generation is AVX2: the AVX2 sweep "
+                    "(test_compiled_matches_reference_sweep_avx2_two_devices) runs these cases with it")
+def test_compiled_matches_reference_sweep_host_code_two_devices():
+    # The scoring checks (structure_score, log_prob, the training and evaluation steps), where issue
+    # 10's miscompile was.
+    _run_worker("slow", "scores", "steps", avx2=False)
 
 
 def main(case_set, *checks):

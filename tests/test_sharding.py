@@ -6,6 +6,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from compile_flags import with_devices
+
 SCRIPT = textwrap.dedent(
     """
     import jax, jax.numpy as jnp, numpy as np, layers
@@ -47,7 +49,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_batch_sharded_over_two_devices_matches_one_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=with_devices(2), JAX_PLATFORMS="cpu")
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from compile_flags import with_devices  # noqa: E402
 from foldax import layers  # noqa: E402
 from foldax.layers.dotbracket import from_dot_bracket, lonely_pairs  # noqa: E402
 from foldax.model import cll_loss, cll_step, l2_penalty  # noqa: E402
@@ -619,7 +620,7 @@ def test_one_step_on_2_devices_equals_1_device(tmp_path):
     results = {}
     for devices in (1, 2):
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+                   XLA_FLAGS=with_devices(devices), JAX_PLATFORMS="cpu")
         env.pop("JAX_NUM_CPU_DEVICES", None)
         out = tmp_path / f"{devices}.npz"
         proc = subprocess.run([sys.executable, str(Path(__file__)), "one-step", str(out)], env=env,

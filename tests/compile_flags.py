@@ -1,0 +1,46 @@
+"""The XLA flags of the test session, and the code generation that users get.
+
+Most of the suite's time is XLA compiling, most of that in LLVM's optimisation passes. The test
+session (``tests/conftest.py``) therefore compiles with LLVM's optimisation off
+(:data:`FAST_COMPILE`), and the processes it starts inherit that through ``XLA_FLAGS``. It changes
+the machine code, not the program: XLA's HLO passes, fusion and buffer assignment are the same, and
+the values agree to rounding (Turner ``log_partition`` of two sequences bit for bit, their
+``pair_probs`` within 6e-8 in float32 and 4e-17 in float64).
+Measured side by side on 2026-12-07 (2-core AMD EPYC, AVX2): a Turner NNX-layer test 61 s against
+95 s (81 s of CPU against 144), tests/test_traceback.py's fast tests 72 s against 100 s, and the
+2,000-nt Turner test, which mostly runs rather than compiles, 128 s against 119 s.
+
+The code users run is compiled with XLA's default optimisation, and an optimising compiler can get
+it wrong (issue 10, tests/test_xla_regression.py). The tests whose subject is that code run it in
+subprocesses without :data:`FAST_COMPILE` (:func:`default_code_generation`): the sweep of
+tests/test_compiled_reference.py (scoring, training and evaluation steps, decoders and the Turner
+grammar against independent references) and tests/test_xla_regression.py.
+``FOLDAX_TEST_DEFAULT_CODEGEN=1`` runs the whole session with XLA's default optimisation.
+"""
+
+from __future__ import annotations
+
+import os
+
+#: LLVM at -O0 for the programs the test session compiles.
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+
+
+def session_flags(xla_flags: str, *, environ=os.environ) -> str:
+    """``xla_flags`` with :data:`FAST_COMPILE` added, unless ``FOLDAX_TEST_DEFAULT_CODEGEN=1`` or the
+    flags already choose an optimisation level."""
+    if environ.get("FOLDAX_TEST_DEFAULT_CODEGEN", "") == "1" or "--xla_backend_optimization_level" in xla_flags:
+        return xla_flags
+    return f"{xla_flags} {FAST_COMPILE}".strip()
+
+
+def default_code_generation(xla_flags: str) -> str:
+    """``xla_flags`` without :data:`FAST_COMPILE`: a process started with them compiles as users' do."""
+    return " ".join(flag for flag in xla_flags.split() if flag != FAST_COMPILE)
+
+
+def with_devices(count: int, xla_flags: str | None = None) -> str:
+    """The session's ``XLA_FLAGS`` (or ``xla_flags``) for a process with ``count`` CPU devices."""
+    flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
+    kept = [flag for flag in flags.split() if not flag.startswith("--xla_force_host_platform_device_count")]
+    return " ".join([*kept, f"--xla_force_host_platform_device_count={count}"])
