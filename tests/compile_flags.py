@@ -8,13 +8,17 @@ the values agree to rounding (Turner ``log_partition`` of two sequences bit for 
 ``pair_probs`` within 6e-8 in float32 and 4e-17 in float64).
 Measured side by side on 2026-12-07 (2-core AMD EPYC, AVX2): a Turner NNX-layer test 61 s against
 95 s (81 s of CPU against 144), tests/test_traceback.py's fast tests 72 s against 100 s, and the
-2,000-nt Turner test, which mostly runs rather than compiles, 128 s against 119 s.
+2,000-nt Turner test, which mostly runs rather than compiles, 128 s against 119 s. The cost is in
+programs of many small loop steps: sampling 1,000 Turner structures of two sequences by traceback
+ran 173 s against 33 s, so tests that draw many samples at realistic lengths start a process without
+the flag. The whole suite from a fresh clone (`.ci/run`) took 63 minutes against CI's 79 that day.
 
 The code users run is compiled with XLA's default optimisation, and an optimising compiler can get
 it wrong (issue 10, tests/test_xla_regression.py). The tests whose subject is that code run it in
 subprocesses without :data:`FAST_COMPILE` (:func:`default_code_generation`): the sweep of
 tests/test_compiled_reference.py (scoring, training and evaluation steps, decoders and the Turner
-grammar against independent references) and tests/test_xla_regression.py.
+grammar against independent references), tests/test_xla_regression.py and the realistic-length
+check of tests/test_traceback.py.
 ``FOLDAX_TEST_DEFAULT_CODEGEN=1`` runs the whole session with XLA's default optimisation.
 """
 
