@@ -43,6 +43,15 @@ def default_code_generation(xla_flags: str) -> str:
     return " ".join(flag for flag in xla_flags.split() if flag != FAST_COMPILE)
 
 
+def default_code_generation_environ(*flags: str) -> dict:
+    """The environment of a CPU-only process that compiles as users' programs do, with ``flags``
+    (e.g. the ISA or the device count) in place of the session's flags of the same names."""
+    names = {flag.split("=", 1)[0] for flag in flags if flag}
+    kept = [flag for flag in default_code_generation(os.environ.get("XLA_FLAGS", "")).split()
+            if flag.split("=", 1)[0] not in names]
+    return dict(os.environ, XLA_FLAGS=" ".join([*kept, *(flag for flag in flags if flag)]), JAX_PLATFORMS="cpu")
+
+
 def with_devices(count: int, xla_flags: str | None = None) -> str:
     """The session's ``XLA_FLAGS`` (or ``xla_flags``) for a process with ``count`` CPU devices."""
     flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags

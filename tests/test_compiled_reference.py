@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script (the worker subprocess)
     sys.path.insert(0, str(ROOT))
 
-from compile_flags import default_code_generation, with_devices  # noqa: E402
+from compile_flags import default_code_generation_environ  # noqa: E402
 from foldax import layers  # noqa: E402
 from foldax.layers.dotbracket import pairs_from_table, validate_pair_table  # noqa: E402
 from foldax.layers.reference import (  # noqa: E402
@@ -666,8 +666,7 @@ def _run_worker(case_set, *checks, avx2=True):
     """Runs ``case_set`` (only ``checks``, if given) in a subprocess with XLA's default optimisation,
     two CPU devices and AVX2 code generation (where the CPU has it; ``avx2=False``: the host's own)."""
     isa = "--xla_cpu_max_isa=AVX2" if avx2 and _has_avx2() else ""
-    flags = default_code_generation(with_devices(2))
-    env = dict(os.environ, XLA_FLAGS=f"{flags} {isa}".strip(), JAX_PLATFORMS="cpu")
+    env = default_code_generation_environ(isa, "--xla_force_host_platform_device_count=2")
     proc = subprocess.run([sys.executable, __file__, case_set, *checks], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=3600)
     assert proc.returncode == 0, f"{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"

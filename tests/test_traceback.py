@@ -8,7 +8,6 @@ recursion and against exact enumeration, for both grammars.
 """
 
 import collections
-import os
 import subprocess
 import sys
 import textwrap
@@ -28,7 +27,7 @@ from foldax.layers.reference import (
     random_params,
     structure_score_reference,
 )
-from compile_flags import default_code_generation
+from compile_flags import default_code_generation_environ
 from test_decoding import chi_square_p_value
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,8 +195,7 @@ def test_realistic_lengths_against_vienna_and_pair_probs():
     traceback's best structures have ViennaRNA's MFE energies, and 1,000 samples' pair frequencies
     match pair_probs."""
     pytest.importorskip("RNA")
-    env = dict(os.environ, XLA_FLAGS=default_code_generation(os.environ.get("XLA_FLAGS", "")), JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", REALISTIC], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=1800)
+    proc = subprocess.run([sys.executable, "-c", REALISTIC], cwd=ROOT, env=default_code_generation_environ(),
+                          capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("OK"), proc.stdout[-3000:]

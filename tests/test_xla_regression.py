@@ -19,7 +19,6 @@ for the CPU it runs on: on an AMD EPYC (Zen 3, AVX2 only; 2026-12-06) the same j
 it was seen, and the check is skipped on others.
 """
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -28,7 +27,7 @@ from pathlib import Path
 import jaxlib
 import pytest
 
-from compile_flags import default_code_generation
+from compile_flags import default_code_generation_environ
 
 REPRO = textwrap.dedent(
     """
@@ -67,8 +66,7 @@ def _jaxlib_version() -> tuple:
 
 def _run(script: str, xla_flags: str) -> subprocess.CompletedProcess:
     # XLA's default optimisation, not the test session's (tests/compile_flags.py): the bug is LLVM's.
-    flags = default_code_generation(os.environ.get("XLA_FLAGS", ""))
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"{flags} {xla_flags}".strip())
+    env = default_code_generation_environ(xla_flags)
     root = Path(__file__).resolve().parents[1]
     return subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True,
                           timeout=300)
