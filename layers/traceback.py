@@ -132,6 +132,9 @@ def traceback_tables(problem: Problem, semiring: str, key, inputs, lengths, num_
 
     values, pullback = jax.vjp(output, charts)
     (seeds,) = pullback(jnp.ones((batch,), next(iter(charts.values())).dtype))
+    # The seeds depend only on the lengths: with constant lengths XLA would constant-fold the
+    # arg-max below over every chart cell (seconds of compile, and a slow-operation alarm).
+    seeds = lax.optimization_barrier(seeds)
     flat = jnp.concatenate([seeds[n].reshape(batch, -1) for n in names], axis=1)
     where = jnp.argmax(flat, axis=1)
     sizes = np.array([int(np.prod(seeds[n].shape[1:])) for n in names])

@@ -156,6 +156,31 @@ def test_the_traceback_names_what_a_grammar_must_provide():
         traceback._write_geometry(Bent(), 20)
 
 
+CONSTANT_INPUTS = textwrap.dedent(
+    """
+    import jax, numpy as np
+    from foldax import layers
+
+    params = layers.default_params()
+    x = layers.encode("".join(np.random.default_rng(0).choice(list("ACGU"), size=120)))
+    samples = jax.jit(lambda: layers.sample_structures(jax.random.key(0), params, x, 10))()
+    best = jax.jit(lambda: layers.best_structure(params, x))()
+    assert samples.shape == (10, 120) and best.shape == (120,)
+    print("OK")
+    """
+)
+
+
+def test_the_traceback_of_constant_inputs_is_not_constant_folded():
+    """Inputs closed over by ``jax.jit`` are constants of the program. The traceback's root is an
+    arg-max over every chart cell of seeds that depend only on the lengths; XLA constant-folded it
+    (about 3 s of a 10 s compile at 120 nt, and a slow-operation alarm on stderr)."""
+    proc = subprocess.run([sys.executable, "-c", CONSTANT_INPUTS], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]
+    assert "Constant folding" not in proc.stderr, proc.stderr[-3000:]
+
+
 #: Run in a process of its own with XLA's default optimisation (tests/compile_flags.py): as users'
 #: programs compile, and the traceback's many small loop steps run 5x slower without it.
 REALISTIC = textwrap.dedent(
