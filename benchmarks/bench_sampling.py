@@ -10,6 +10,7 @@ sequences::
 
     python benchmarks/bench_sampling.py                  # every case, both methods
     python benchmarks/bench_sampling.py --methods traceback --rounds 2
+    python benchmarks/bench_sampling.py --methods traceback --cases 0,1,2   # CASES[0], [1], [2]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 
 #: (what, grammar, length, samples, dtype, sequences): random ACGU sequences.
 CASES = [("sample", "turner", 20, 1000, "float32", 2), ("sample", "turner", 100, 200, "float32", 2),
+         ("sample", "turner", 300, 1000, "float32", 1),
          ("sample", "stacking", 100, 1000, "float32", 2), ("sample", "stacking", 12, 2000, "float64", 2),
          ("best", "turner", 500, 1, "float32", 1), ("best", "turner", 200, 1, "float32", 8)]
 
@@ -86,6 +88,7 @@ def main(argv=None) -> None:
     parser.add_argument("--methods", nargs="+", default=["traceback", "outside"])
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of every method")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--cases", help="comma-separated indices into CASES (default: all)")
     parser.add_argument("--one", nargs=7, help=argparse.SUPPRESS)  # a worker: a case and a method
     args = parser.parse_args(argv)
     if args.one:
@@ -94,7 +97,7 @@ def main(argv=None) -> None:
         return
     print(f"{'what':6} {'grammar':9} {'n':>4} {'seqs':>4} {'samples':>7} {'dtype':8} {'method':10} {'first s':>8} "
           f"{'run s':>8} {'ms/sample':>9} {'vs ' + args.methods[-1]:>13} {'vs ViennaRNA':>12}")
-    for case in CASES:
+    for case in [CASES[int(k)] for k in args.cases.split(",")] if args.cases else CASES:
         what, grammar, length, samples, dtype, count = case
         best = {}
         for _ in range(args.rounds):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -268,13 +269,19 @@ class SampleSemiring:
     ``SampleSemiring(key)`` draws fresh uniforms for every sum of every diagonal:
     :meth:`for_diagonal` folds the diagonal into the key and each sum call folds a
     counter (the recursion is traced in a fixed order, so the draws are reproducible).
+    ``SampleSemiring(None, uniforms=u)`` takes its sums' uniforms in order from the flat array
+    ``u`` instead (one draw for a whole recursion: on CPU each ``jax.random`` call is a loop of
+    its own). ``uniforms_used`` counts them, so a first trace with ``SampleSemiring(None)``
+    (whose draws are placeholders) can size ``u``.
     """
 
     name = "sample"
 
-    def __init__(self, key):
+    def __init__(self, key, *, uniforms=None):
         self.key = key
+        self.uniforms = uniforms
         self._calls = 0
+        self.uniforms_used = 0
 
     def for_diagonal(self, d):
         return SampleSemiring(jax.random.fold_in(self.key, d))
@@ -287,6 +294,15 @@ class SampleSemiring:
         return self.sum(a[..., :, :, None] + b[..., None, :, :], axis=a.ndim - 1)
 
     def _uniform(self, shape, dtype):
+        size, start = math.prod(shape), self.uniforms_used
+        self.uniforms_used += size
+        if self.uniforms is not None:
+            if self.uniforms_used > self.uniforms.shape[-1]:
+                raise ValueError(f"SampleSemiring: {self.uniforms.shape[-1]} uniforms given, the recursion "
+                                 f"takes at least {self.uniforms_used}")
+            return self.uniforms[start : start + size].reshape(shape).astype(dtype)
+        if self.key is None:  # counting only: a trace that sizes ``uniforms`` (its values unused)
+            return jnp.full(shape, 0.5, dtype)
         # Draws live in their own branch of the key, apart from the diagonals' keys.
         self._calls += 1
         draws = jax.random.fold_in(jax.random.fold_in(self.key, 0x7FFFFFFF), self._calls)

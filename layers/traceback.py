@@ -37,9 +37,9 @@ from jax import lax
 from foldax.layers import chart
 from foldax.layers.chart import LOG, MAX, Problem, SampleSemiring, _arrays, _writes, fill
 
-#: Most child cells one cell's choice makes (both grammars make at most 2: a split's two parts,
-#: or a prefix and a stem).
-MAX_CHILDREN = 4
+#: Most child cells one cell's choice makes: both grammars make at most 2 (a split's two parts,
+#: or a prefix and a stem), and the step finds them as the first and the last chosen view entry.
+MAX_CHILDREN = 2
 #: Stack fields: chart id, diagonal, column, position in the cell's written row.
 _FIELDS = 4
 
@@ -98,6 +98,22 @@ def _lane_read(array, b, row, col, rows, cols):
     """``array[b : b + 1, ..., row : row + rows, col : col + cols]`` (starts clamped as the engine's)."""
     start = tuple(jnp.asarray(x, jnp.int32) for x in (b,) + (0,) * (array.ndim - 3) + (row, col))
     return lax.dynamic_slice(array, start, (1,) + array.shape[1:-2] + (rows, cols))
+
+
+def _first_and_last(masks, starts):
+    """``[first, last]`` position of the True entries of the masks laid end to end (mask ``k``
+    from ``starts[k]``), -1 where there are fewer than 1 or 2: ``jnp.nonzero(..., size=2,
+    fill_value=-1)`` when at most two are True, in one pass over the masks without joining them
+    (nonzero's cumulative sum and scatter cost more than the rest of a traceback step)."""
+    big = np.iinfo(np.int32).max
+    first, last, count = [], [], []
+    for mask, start in zip(masks, starts):
+        index = jnp.arange(mask.size, dtype=jnp.int32).reshape(mask.shape) + int(start)
+        first.append(jnp.min(jnp.where(mask, index, big)))
+        last.append(jnp.max(jnp.where(mask, index, -1)))
+        count.append(jnp.sum(mask, dtype=jnp.int32))
+    first, last, count = jnp.min(jnp.stack(first)), jnp.max(jnp.stack(last)), jnp.sum(jnp.stack(count))
+    return jnp.stack([jnp.where(count > 0, first, -1), jnp.where(count > 1, last, -1)])
 
 
 def _clamped(start, dim, size):
@@ -166,17 +182,27 @@ def traceback_tables(problem: Problem, semiring: str, key, inputs, lengths, num_
         d = jnp.where(active, d, grammar.first_diagonal)
         t = jnp.where(active, t, 0)
         sp = sp - active.astype(sp.dtype)
-        sr = SampleSemiring(jax.random.fold_in(lane_key, it)) if sampling else MAX
         specs = grammar.views(d, rows, 1, length)
         views = {k: _lane_read(arrays[v.array], b, v.row, v.col + t, v.rows, v.cols) for k, v in specs.items()}
         writes = _writes(grammar, d, length, 1)
         known = {n: _lane_read(arrays[n], b, row, col + t, 1, size)[..., 0, :] for n, (row, col, size) in writes.items()}
         consts = jax.tree.map(lambda c: lax.dynamic_slice_in_dim(c, b, 1, 0), inputs["consts"])
 
-        def recursion(views):
+        def recursion(views, sr):
             out, _ = grammar.step(sr, d, views, consts, known=known, exact=True, length=length)
             return {n: out[n] for n in writes}
 
+        if sampling:
+            # The step's uniforms in one draw (one jax.random loop per step, not three per sum):
+            # a first trace, whose values are discarded, counts them.
+            counter = SampleSemiring(None)
+            recursion(views, counter)
+            dtype = next(iter(views.values())).dtype
+            sr = SampleSemiring(None, uniforms=jax.random.uniform(jax.random.fold_in(lane_key, it),
+                                                                  (counter.uniforms_used,), dtype))
+        else:
+            sr = MAX
+        recursion = functools.partial(recursion, sr=sr)
         out, pullback = jax.vjp(recursion, views)
         g_out = {n: jnp.where(active & (chart_id == k), jax.nn.one_hot(position, out[n].shape[-1], dtype=out[n].dtype),
                               0)[None] for k, n in enumerate(names)}
@@ -188,9 +214,9 @@ def traceback_tables(problem: Problem, semiring: str, key, inputs, lengths, num_
         table = table.at[jnp.where(paired, t, length)].set(t + d, mode="drop")
         table = table.at[jnp.where(paired, t + d, length)].set(t, mode="drop")
 
-        chosen = jnp.concatenate([g_views[k].reshape(-1) for k in chart_views]) > 0.5
-        (pos,) = jnp.nonzero(chosen, size=MAX_CHILDREN, fill_value=-1)
-        v_idx = jnp.clip(jnp.searchsorted(jnp.asarray(view_starts[1:]), pos, side="right"), 0, len(chart_views) - 1)
+        pos = _first_and_last([g_views[k] > 0.5 for k in chart_views], view_starts)
+        v_idx = jnp.clip(jnp.searchsorted(jnp.asarray(view_starts[1:]), pos, side="right", method="compare_all"),
+                         0, len(chart_views) - 1)
         offset = pos - jnp.asarray(view_starts)[v_idx]
         start_row = jnp.stack([_clamped(specs[k].row, arrays[specs[k].array].shape[-2], specs[k].rows)
                                for k in chart_views])[v_idx]
