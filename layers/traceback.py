@@ -22,7 +22,8 @@ pass and exact enumeration):
   name their segment stride with ``packed_stride(name, length)``;
 * every chart row it writes sits at ``row = r0 + a d``, ``col = c0 + b d + t`` (``a`` in
   {-1, 0, 1}), so that a chart position names its cell;
-* its ``output`` reads one chart cell per sequence (the root of the derivation).
+* its ``output`` reads one chart cell per sequence (the root of the derivation);
+* a cell's choice makes at most :data:`MAX_CHILDREN` (2) child cells.
 """
 
 from __future__ import annotations

@@ -578,7 +578,10 @@ class TurnerGrammar:
         lin_start = _linear_window(qb_start) if sr.name == "log" else None
         lin_end = _linear_window(qb_end) if sr.name == "log" else None
         rho = lambda l1, l2: MAX_LOOP - (l1 + l2)
-        inner_qb = lambda l1, l2: qb_start[:, rho(l1, l2), l1 + 1 : l1 + 1 + width]
+        # The small loops' inner pairs (l1, l2 <= 2) in one slice of the window: each loop's read
+        # is a slice of it, so the outside pass pads each adjoint to this block, not the window.
+        small = qb_start[:, MAX_LOOP - 4 : MAX_LOOP + 1, 1 : 3 + width]
+        inner_qb = lambda l1, l2: small[:, rho(l1, l2) - (MAX_LOOP - 4), l1 : l1 + width]
         # QB[i+1][j-1]; the window holds QS without lonely pairs, where a stack reads the full QB.
         stacked_on = ml_rows[:, 0, seg["QB"], 1 : 1 + width] if self.no_lonely_pairs else inner_qb(0, 0)
         parts = [

@@ -144,6 +144,25 @@ def test_a_sample_depends_on_its_key_index_and_sequence_only():
     assert not np.array_equal(other, both)
 
 
+def test_the_sample_semiring_takes_given_uniforms_in_order():
+    """The traceback draws a step's uniforms at once: SampleSemiring(None) counts what a recursion
+    takes; given them, each sum and plus picks the term its uniform selects (inverse CDF of the
+    shares), in call order; too few are refused."""
+    x = jnp.log(jnp.array([[0.2, 0.3, 0.5]]))
+
+    def recursion(sr, x):  # a sum of three terms (shares 0.2 / 0.3 / 0.5), then a plus (0.4 / 0.6)
+        return sr.sum(x, axis=1)[0] + sr.plus(x[0, 0], x[0, 1])
+
+    counter = layers.SampleSemiring(None)
+    recursion(counter, x)
+    assert counter.uniforms_used == 2
+    for uniforms, chosen in (((0.6, 0.1), [1, 0, 1]), ((0.1, 0.9), [1, 1, 0]), ((0.35, 0.5), [0, 2, 0])):
+        sr = layers.SampleSemiring(None, uniforms=jnp.array(uniforms, x.dtype))
+        np.testing.assert_array_equal(jax.grad(lambda x: recursion(sr, x))(x)[0], chosen)
+    with pytest.raises(ValueError, match="1 uniforms given, the recursion takes at least 2"):
+        recursion(layers.SampleSemiring(None, uniforms=jnp.array([0.5])), x)
+
+
 def test_the_traceback_names_what_a_grammar_must_provide():
     """A chart whose rows are not written at affine positions of the diagonal is refused by name."""
 
