@@ -43,17 +43,21 @@ def default_code_generation(xla_flags: str) -> str:
     return " ".join(flag for flag in xla_flags.split() if flag != FAST_COMPILE)
 
 
+def replace_flags(xla_flags: str, *flags: str) -> str:
+    """``xla_flags`` with ``flags`` in place of its flags of the same names (empty ones ignored)."""
+    flags = [flag for flag in flags if flag]
+    names = {flag.split("=", 1)[0] for flag in flags}
+    return " ".join([*(flag for flag in xla_flags.split() if flag.split("=", 1)[0] not in names), *flags])
+
+
 def default_code_generation_environ(*flags: str) -> dict:
     """The environment of a CPU-only process that compiles as users' programs do, with ``flags``
     (e.g. the ISA or the device count) in place of the session's flags of the same names."""
-    names = {flag.split("=", 1)[0] for flag in flags if flag}
-    kept = [flag for flag in default_code_generation(os.environ.get("XLA_FLAGS", "")).split()
-            if flag.split("=", 1)[0] not in names]
-    return dict(os.environ, XLA_FLAGS=" ".join([*kept, *(flag for flag in flags if flag)]), JAX_PLATFORMS="cpu")
+    xla_flags = replace_flags(default_code_generation(os.environ.get("XLA_FLAGS", "")), *flags)
+    return dict(os.environ, XLA_FLAGS=xla_flags, JAX_PLATFORMS="cpu")
 
 
 def with_devices(count: int, xla_flags: str | None = None) -> str:
     """The session's ``XLA_FLAGS`` (or ``xla_flags``) for a process with ``count`` CPU devices."""
     flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
-    kept = [flag for flag in flags.split() if not flag.startswith("--xla_force_host_platform_device_count")]
-    return " ".join([*kept, f"--xla_force_host_platform_device_count={count}"])
+    return replace_flags(flags, f"--xla_force_host_platform_device_count={count}")

@@ -175,6 +175,15 @@ def test_the_traceback_names_what_a_grammar_must_provide():
         traceback._write_geometry(Bent(), 20)
 
 
+def _run_script(script, *, env, timeout):
+    """Runs ``script`` in a Python process of its own (``env``: None for this one's) and checks that
+    it printed OK."""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), (proc.stdout[-3000:], proc.stderr[-3000:])
+    return proc
+
+
 CONSTANT_INPUTS = textwrap.dedent(
     """
     import jax, numpy as np
@@ -194,9 +203,7 @@ def test_the_traceback_of_constant_inputs_is_not_constant_folded():
     """Inputs closed over by ``jax.jit`` are constants of the program. The traceback's root is an
     arg-max over every chart cell of seeds that depend only on the lengths; XLA constant-folded it
     (about 3 s of a 10 s compile at 120 nt, and a slow-operation alarm on stderr)."""
-    proc = subprocess.run([sys.executable, "-c", CONSTANT_INPUTS], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]
+    proc = _run_script(CONSTANT_INPUTS, env=None, timeout=600)
     assert "Constant folding" not in proc.stderr, proc.stderr[-3000:]
 
 
@@ -239,7 +246,4 @@ def test_realistic_lengths_against_vienna_and_pair_probs():
     traceback's best structures have ViennaRNA's MFE energies, and 1,000 samples' pair frequencies
     match pair_probs."""
     pytest.importorskip("RNA")
-    proc = subprocess.run([sys.executable, "-c", REALISTIC], cwd=ROOT, env=default_code_generation_environ(),
-                          capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().endswith("OK"), proc.stdout[-3000:]
+    _run_script(REALISTIC, env=default_code_generation_environ(), timeout=1800)
