@@ -15,6 +15,10 @@ medians over ``--repeats``):
    Python module in one process per call (``python -c "import RNA; ..."``, what a user
    without the binary runs; Python's start-up included).
 
+With ``--sample S`` steps 4 and 5 draw S structures per sequence as well: ``foldax fold -i ...
+--sample S`` against ``RNAsubopt -p S`` (or, without the binary, ViennaRNA's ``mfe``, ``pf`` and
+``pbacktrack(S)`` per sequence in one process).
+
 Timings on a shared machine vary with its load: CPU times are steadier than wall times.
 Run::
 
@@ -54,6 +58,24 @@ VIENNA = textwrap.dedent(
 )
 
 
+VIENNA_SAMPLE = textwrap.dedent(
+    """
+    import sys, RNA
+    lines = [l.strip() for l in open(sys.argv[1]) if l.strip()]
+    count, out = int(sys.argv[2]), []
+    for name, seq in zip(lines[0::2], lines[1::2]):
+        md = RNA.md()
+        md.uniq_ML = 1
+        fc = RNA.fold_compound(seq, md)
+        structure, mfe = fc.mfe()
+        fc.exp_params_rescale(mfe)
+        fc.pf()
+        out.append(f"{name}\\n{seq}\\n" + "\\n".join(fc.pbacktrack(count)))
+    sys.stdout.write("\\n".join(out) + "\\n")
+    """
+)
+
+
 def timed(cmd, *, env=None, stdin=None) -> tuple[float, float, subprocess.CompletedProcess]:
     """(wall seconds, CPU seconds of the child, result) of one command."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -78,7 +100,13 @@ def random_fasta(path: Path, n: int, lo: int, hi: int, seed: int) -> None:
             fh.write(f">s{k}\n{''.join(rng.choice('ACGU') for _ in range(rng.randint(lo, hi)))}\n")
 
 
-def rnafold_command(fasta: Path) -> tuple[str, list[str]]:
+def rnafold_command(fasta: Path, samples: int = 0) -> tuple[str, list[str]]:
+    if samples:
+        binary = shutil.which("RNAsubopt")
+        if binary:
+            return f"RNAsubopt -p {samples} ({binary})", [binary, "-p", str(samples), "-i", str(fasta)]
+        return (f"ViennaRNA Python (mfe, pf, pbacktrack({samples}), 1 process)",
+                [sys.executable, "-c", VIENNA_SAMPLE, str(fasta), str(samples)])
     binary = shutil.which("RNAfold")
     if binary:
         return f"RNAfold ({binary}, --noPS)", [binary, "--noPS", "-i", str(fasta)]
@@ -119,6 +147,8 @@ def main(argv=None) -> int:
     parser.add_argument("--n-seqs", type=int, default=1000)
     parser.add_argument("--length", type=int, default=100, help="length of the single sequence")
     parser.add_argument("--skip-batch", action="store_true")
+    parser.add_argument("--sample", type=int, default=0, metavar="S",
+                        help="the batch steps also draw S structures per sequence (foldax fold --sample S, RNAsubopt -p S)")
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="bench_cli_"))
@@ -149,13 +179,16 @@ def main(argv=None) -> int:
         parts = proc.stdout.strip().splitlines()[-1]
         print(f"#   first call, in one fresh process ({params}): {parts}")
         if not args.skip_batch:
-            timed([*FOLDAX, "--params", params, "-i", str(many)], env=env)  # fills the cache for every bucket
-            batch = median_of([*FOLDAX, "--params", params, "-i", str(many)], max(1, args.repeats // 2), env=env)
-            row(f"`foldax fold --params {params} -i` {args.n_seqs} x 100-300 nt, cache filled", *batch)
+            sampling = ["--sample", str(args.sample), "--seed", "1"] if args.sample else []
+            command = [*FOLDAX, "--params", params, "-i", str(many), *sampling]
+            timed(command, env=env)  # fills the cache for every bucket
+            batch = median_of(command, max(1, args.repeats // 2), env=env)
+            row(f"`foldax fold --params {params} -i` {args.n_seqs} x 100-300 nt {' '.join(sampling)}, cache filled",
+                *batch)
     name, cmd = rnafold_command(one)
     row(f"{name}, 1 x {args.length} nt", *median_of(cmd, args.repeats), floor)
     if not args.skip_batch:
-        name, cmd = rnafold_command(many)
+        name, cmd = rnafold_command(many, args.sample)
         row(f"{name}, {args.n_seqs} x 100-300 nt", *median_of(cmd, max(1, args.repeats // 2)))
     print("\n".join(["", "| command | wall (s) | CPU (s) | over `import jax` (wall / CPU) |", "|---|---:|---:|---:|",
                      *rows]))

@@ -40,6 +40,9 @@ energy model). Output files with ``-o PREFIX`` (PREFIX may be a directory:
   ``-p`` lines start with ``# ``, so every file reads back with ``foldax.data.formats``);
 * ``PREFIX<id>_bpp.txt`` (with ``-p``): two ``#`` header lines, then ``i j p`` lines,
   1-based, ``i < j``, ``p >= --bpp-cutoff``;
+* ``PREFIX<id>_samples.txt`` (with ``--sample S``): two ``#`` lines, ``>id``, the sequence, then the S
+  sampled structures' lines as printed (``structure value probability``, as ``RNAsubopt -p S
+  --stochBT_en``: :func:`foldax.fold.sample_lines`);
 * ``PREFIX<id>_dp.png`` and ``PREFIX<id>_arc.png`` (with ``--plot``; without ``-o``
   they go to the current directory, and stderr says so): the dot plot (upper
   triangle: pair probabilities, square-root shading; lower triangle: the predicted
@@ -75,6 +78,7 @@ import dataclasses
 import json
 import math
 import os
+import secrets
 import sys
 
 from foldax.parameters import DEFAULT as DEFAULT_PARAMS  # no JAX: that starts after the command line is read
@@ -83,6 +87,8 @@ from foldax.parameters import DEFAULT_ENERGY
 FORWARDED = ("train", "eval", "export-params")
 #: Records folded (and kept in memory) at a time: fewer when each keeps its [n, n] pair probabilities.
 BLOCK, BLOCK_WITH_PROBS = 8192, 512
+#: With --sample, at most this many samples (records x S) are kept at a time.
+SAMPLES_PER_BLOCK = 1 << 16
 
 
 def _nonneg_int(text):
@@ -96,6 +102,13 @@ def _pos_int(text):
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _seed(text):
+    value = int(text)
+    if not 0 <= value < 1 << 32:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2^32), got {value}")
     return value
 
 
@@ -130,6 +143,7 @@ examples:
   foldax fold GGGGAAACCCC --params turner2004               RNAfold's MFE structure and energy
   foldax fold -i seqs.fa -p                                 ... with RNAfold -p's ensemble lines
   foldax fold -i seqs.fa -p --mea --gamma 2 -o out/ --plot  MEA structures, bpp files, dot plots
+  foldax fold -i seqs.fa --sample 100 --seed 1              100 structures from each ensemble (RNAsubopt -p)
   foldax train --config default --workdir runs/default      train on ArchiveII (tRNA held out)
   foldax train --config tiny --workdir runs/tiny --config.num_train_steps=60 --config.batch_size=16
   foldax eval --workdir runs/default                        test metrics of the best checkpoint
@@ -230,6 +244,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="report invalid records on stderr and fold the others")
     fold.add_argument("--batch-size", type=_pos_int, default=None, metavar="B",
                       help="at most B sequences per batched call (default: by length, at most 64)")
+    fold.add_argument("--sample", "--stochBT", dest="samples", type=_pos_int, default=0, metavar="S",
+                      help="also print S structures drawn from each record's Boltzmann ensemble (exact stochastic "
+                           "traceback, as RNAsubopt -p S --stochBT_en): one line each after the record's lines, "
+                           "'structure value probability' -- its free energy (kcal/mol) or, for a stacking model, "
+                           "its score, and its probability in the ensemble (with -C the constrained one; the default "
+                           "mixture's: each sample drawn from one member by its weight). With -o also "
+                           "PREFIX<id>_samples.txt. Dot-bracket output only")
+    fold.add_argument("--seed", type=_seed, default=None, metavar="N",
+                      help="with --sample: the random seed (default: a fresh one, named on stderr so that the "
+                           "samples can be drawn again)")
 
     plot = sub.add_parser("plot", help=SUBCOMMANDS["plot"])
     plot.add_argument("--workdir", required=True, help="training workdir (TensorBoard event files / metrics.jsonl)")
@@ -377,10 +401,18 @@ def _progress_bar(total: int):
 
 
 def run_fold(args, *, own_process: bool = False) -> int:
+    import jax
+
     from foldax import fold as F
 
     if args.enforce_constraint and not args.constraint:
         _err("error: --enforceConstraint needs -C (the constraints it enforces)")
+        return 2
+    if args.samples and args.format != "dbn":
+        _err(f"error: --sample prints dot-bracket lines (as RNAsubopt -p); it cannot go with --format {args.format}")
+        return 2
+    if args.seed is not None and not args.samples:
+        _err("error: --seed needs --sample (nothing else is random)")
         return 2
     items = F.read_inputs(args.inputs, args.input, constraints=args.constraint)
     errors = [it for it in items if isinstance(it, F.InputError)]
@@ -453,6 +485,12 @@ def run_fold(args, *, own_process: bool = False) -> int:
     gamma = model.mea_gamma if args.gamma is None else args.gamma
     decoder = decoder_name(model, mea=args.mea, gamma=gamma)
     block_size = BLOCK_WITH_PROBS if want_probs else BLOCK
+    seed = args.seed
+    if args.samples:  # each record keeps its samples until its block is printed
+        block_size = max(1, min(block_size, SAMPLES_PER_BLOCK // args.samples))
+        if seed is None:
+            seed = secrets.randbits(32)
+            _err(f"samples: seed {seed} (--seed {seed} draws the same samples again)")
     plotted = []
     with _progress_bar(len(records)) as bar:
         for start in range(0, len(records), block_size):
@@ -462,7 +500,8 @@ def run_fold(args, *, own_process: bool = False) -> int:
                                      no_lonely_pairs=no_lonely_pairs,
                                      no_lp_ensemble="exact" if args.no_lp_exact else "rnafold",
                                      batch_size=args.batch_size, enforce_constraints=args.enforce_constraint,
-                                     programs=programs, progress=bar.update)
+                                     programs=programs, progress=bar.update, samples=args.samples,
+                                     key=None if seed is None else jax.random.fold_in(jax.random.key(seed), start))
             if args.enforce_constraint:
                 _report_unmet(results)
             bar.clear()  # the bar and the printed results share the terminal
@@ -497,6 +536,7 @@ def _write_results(args, results, stems, decoder: str, *, several: bool) -> list
     plotted = []
     for result, stem in zip(results, stems):
         sys.stdout.write(F.format_result(result, args.format))
+        sys.stdout.write("".join(f"{line}\n" for line in F.sample_lines(result)))
         if args.format == "bpseq" and several:
             sys.stdout.write("\n")
         base = _base_path(args.prefix, stem)
@@ -504,6 +544,8 @@ def _write_results(args, results, stems, decoder: str, *, several: bool) -> list
             _write(f"{base}.{args.format}", F.format_result(result, args.format, comments=True))
             if args.partition:
                 _write(f"{base}_bpp.txt", F.bpp_text(result, args.bpp_cutoff))
+            if result.samples is not None:
+                _write(f"{base}_samples.txt", F.samples_text(result))
         if args.plot:
             plotted.extend(_plot_result(result, base, decoder))
     sys.stdout.flush()

@@ -181,6 +181,13 @@ class FoldResult:
     #: The structure's free energy when it is not ``-kT score`` (Turner parameters: RNAfold's
     #: ``eval_structure``, which rounds large hairpins as the partition function does not).
     evaluated_energy: float | None = None
+    #: ``samples=S``: pair tables ``[S, n]`` drawn from the ensemble, each one's score (as
+    #: :attr:`score`), free energy (energy models, as :attr:`evaluated_energy`) and log probability in
+    #: the ensemble it was drawn from.
+    samples: np.ndarray | None = None
+    sample_scores: np.ndarray | None = None
+    sample_energies: np.ndarray | None = None
+    sample_log_probs: np.ndarray | None = None
 
     @property
     def is_energy(self) -> bool:
@@ -664,7 +671,7 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
                  partition: bool = False, probs: bool = False, min_hairpin: int | None = None,
                  no_lonely_pairs: bool = False, no_lp_ensemble: str = "rnafold", batch_size: int | None = None,
                  max_cells: int | None = None, programs=None, progress=None,
-                 enforce_constraints: bool = False) -> list[FoldResult]:
+                 enforce_constraints: bool = False, samples: int = 0, key=None) -> list[FoldResult]:
     """Folds ``records`` in length buckets (:func:`batches`); results in input order.
 
     ``model``: a :class:`FoldModel` (its ``phi_fn``, if any, scores every batch), or
@@ -681,6 +688,10 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
     ``enforce_constraints``: the records' constraints also require their ``( )`` pairs and ``|``
     positions to pair (``RNAfold -C --enforceConstraint``; :func:`foldax.layers.constraint_phi`), and
     scores and log Z are those of the enforced ensemble.
+    ``samples``: also draw that many structures from each record's ensemble (the one of log Z: with
+    constraints, the constrained one; a mixture's, each sample from one member set chosen by its
+    weight), as ``RNAsubopt -p``, drawn with the JAX PRNG ``key`` (default ``jax.random.key(0)``; the
+    same records, options and key give the same samples).
     ``programs``: a :class:`foldax.programs.FoldPrograms` (default: a new one, in memory);
     each batch is one call of its compiled program. ``progress(n)``: called with the
     number of records of each batch once it is folded.
@@ -699,21 +710,25 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
     request = Request(decoder="mea" if mea else "mfe", partition=partition, probs=probs,
                       centroid=model.energy_kT is not None and partition, energy=layers.is_energy_params(model.params),
                       min_hairpin=model.min_hairpin if min_hairpin is None else min_hairpin,
-                      no_lonely_pairs=no_lonely_pairs, no_lp_ensemble=no_lp_ensemble, mixture=model.mixture)
+                      no_lonely_pairs=no_lonely_pairs, no_lp_ensemble=no_lp_ensemble, mixture=model.mixture,
+                      samples=int(samples))
     results: list[FoldResult | None] = [None] * len(records)
+    key = jax.random.key(0) if key is None else key
     # (the batch is sized for the costlier grammar of a mixture's members)
     energy = any(layers.is_energy_params(p) for p in param_sets)
     multiple = jax.local_device_count() if energy else 1
     if max_cells is None:
         max_cells = ENERGY_CELLS_PER_DEVICE * multiple if energy else DEFAULT_MAX_CELLS
-    for chunk, size in batches(records, batch_size=batch_size, max_cells=max_cells, multiple=multiple):
+    for call, (chunk, size) in enumerate(batches(records, batch_size=batch_size, max_cells=max_cells,
+                                                 multiple=multiple)):
+        call_key = jax.random.key_data(jax.random.fold_in(key, call)) if samples else None
         seqs = [records[k].sequence for k in chunk]
         seqs += [seqs[0]] * (size - len(chunk))
         tokens, lengths = layers.encode_batch(seqs)
         phi = None if model.phi_fn is None else np.asarray(model.phi_fn(tokens, lengths))
         constraints = [records[k].constraint for k in chunk]
         phi = _with_constraints(phi, constraints, tokens.shape, enforce=enforce_constraints)
-        out = programs(request, params, tokens, lengths, phi=phi, gamma=gamma)
+        out = programs(request, params, tokens, lengths, phi=phi, gamma=gamma, key=call_key)
         if enforce_constraints:
             out = _without_bonus(out, constraints)
         for row, k in enumerate(chunk):
@@ -750,6 +765,8 @@ def _without_bonus(out: dict, constraints) -> dict:
         for score, structure in (("score", "structure"), ("centroid_score", "centroid")):
             if score in out:
                 out[score][row] -= enforced_bonus(constraint, out[structure][row, :n])
+        if "samples" in out:
+            out["sample_score"][row] -= [enforced_bonus(constraint, table[:n]) for table in out["samples"][row]]
     return out
 
 
@@ -776,8 +793,15 @@ def _result(record: InputRecord, out: dict, row: int, n: int, energy_kT, request
         energy = value("centroid_energy")
         centroid = dict(centroid=out["centroid"][row, :n].copy(), centroid_distance=value("centroid_distance"),
                         centroid_energy=_free_energy(energy_kT, value("centroid_score"), energy))
+    drawn = {}
+    if "samples" in out:
+        drawn = dict(samples=out["samples"][row, :, :n].copy(), sample_scores=out["sample_score"][row].astype(np.float64),
+                     sample_log_probs=out["sample_log_prob"][row].astype(np.float64))
+        if "sample_energy" in out:
+            drawn["sample_energies"] = out["sample_energy"][row].astype(np.float64) + 0.0  # (no -0.00)
     return FoldResult(record, out["structure"][row, :n].copy(), value("score"), value("log_z"), p,
-                      energy_kT=energy_kT, decoder=request.decoder, evaluated_energy=value("energy"), **centroid)
+                      energy_kT=energy_kT, decoder=request.decoder, evaluated_energy=value("energy"), **centroid,
+                      **drawn)
 
 
 # --------------------------------------------------------------------------- #
@@ -923,6 +947,37 @@ def format_result(result: FoldResult, fmt: str = "dbn", *, comments: bool = Fals
         extra = f"\tlog Z = {result.log_z:.4f}" if result.log_z is not None else ""
         return f"{n}\t{rid}\tscore = {value:.2f} (model log-score, not a free energy){extra}\n{rest}"
     raise ValueError(f"unknown output format {fmt!r} (dbn, bpseq or ct)")
+
+
+def sample_lines(result: FoldResult) -> list[str]:
+    """One line per sample of ``result``, as ``RNAsubopt -p --stochBT_en`` prints them:
+    ``structure value probability`` -- the free energy (kcal/mol, ``eval_structure``'s) for an energy
+    model, else the model's score -- and the structure's probability in the ensemble it was drawn
+    from. No samples: no lines.
+
+    >>> r = FoldResult(InputRecord("x", "GGGAAACCC"), np.full(9, -1), 0.0, energy_kT=0.6,
+    ...                samples=np.array([[8, 7, -1, -1, -1, -1, -1, 1, 0]]), sample_scores=np.array([2.0]),
+    ...                sample_energies=np.array([-1.2]), sample_log_probs=np.array([-0.5]))
+    >>> sample_lines(r)
+    ['((.....))  -1.20 0.606531']
+    """
+    if result.samples is None:
+        return []
+    values = result.sample_energies if result.is_energy else result.sample_scores
+    if result.is_energy and values is None:
+        values = -result.energy_kT * result.sample_scores + 0.0
+    return [f"{to_dot_bracket(table)} {value:6.2f} {math.exp(min(log_prob, 0.0)):6g}"
+            for table, value, log_prob in zip(result.samples, values, result.sample_log_probs)]
+
+
+def samples_text(result: FoldResult) -> str:
+    """The ``_samples.txt`` file of a result: ``#`` lines (what the columns are), ``>id``, the
+    sequence and :func:`sample_lines`."""
+    rec = result.record
+    value = "free energy (kcal/mol)" if result.is_energy else "score (model log-score, not a free energy)"
+    return (f"# {len(result.samples)} structures sampled from the ensemble of {rec.id}, by foldax fold --sample\n"
+            f"# columns: structure, its {value}, its probability in the ensemble\n"
+            f">{rec.id}\n{rec.sequence}\n" + "".join(f"{line}\n" for line in sample_lines(result)))
 
 
 def output_names(ids: Iterable[str]) -> list[str]:

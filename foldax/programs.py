@@ -79,7 +79,9 @@ class Request:
     ``mixture`` (MEA only): the weights of a mixture of parameter sets, whose pair probabilities
     are ``SUM_k w_k P_k`` (:func:`foldax.layers.mixture_pair_probs`); ``params`` is then a tuple of
     the sets, and everything but the pair probabilities (log Z, scores, free energies) is the first
-    set's.
+    set's. ``samples``: also that many structures drawn from each sequence's ensemble (the one of
+    log Z; a mixture's: each sample from one set, chosen by its weight) with their scores, free
+    energies and probabilities (:func:`fold_batch`); the program then takes a PRNG key.
     """
 
     decoder: str = "mfe"
@@ -92,6 +94,7 @@ class Request:
     no_lonely_pairs: bool = False
     no_lp_ensemble: str = "rnafold"
     mixture: tuple[float, ...] = ()
+    samples: int = 0
 
     def __post_init__(self):
         if self.decoder not in ("mfe", "mea"):
@@ -101,6 +104,8 @@ class Request:
                              "best-scoring structure")
         if self.no_lp_ensemble not in ("rnafold", "exact"):
             raise ValueError(f"no_lp_ensemble must be 'rnafold' or 'exact', got {self.no_lp_ensemble!r}")
+        if not isinstance(self.samples, int) or self.samples < 0:
+            raise ValueError(f"samples must be a non-negative int, got {self.samples!r}")
 
     @property
     def exact_no_lp_ensemble(self) -> bool:
@@ -177,7 +182,7 @@ def _table_of(matrix, lengths, threshold):
     return jnp.where(paired, jnp.argmax(matrix, axis=2), -1).astype(jnp.int32)
 
 
-def fold_batch(params, tokens, lengths, phi, gamma, *, request: Request) -> dict:
+def fold_batch(params, tokens, lengths, phi, gamma, key=None, *, request: Request) -> dict:
     """Everything printed for a batch ``tokens [B, L]`` (traced; see the module docstring).
 
     Returns a dict: ``structure [B, L]`` (int32, -1 unpaired or padding) and ``score [B]``
@@ -189,6 +194,8 @@ def fold_batch(params, tokens, lengths, phi, gamma, *, request: Request) -> dict
     ``eval_structure``) of the structures not found by the max semiring: ``energy [B]``
     for the MEA structure, ``centroid_energy [B]``. With ``request.mixture``, ``params`` is a tuple of
     parameter sets and ``probs`` (and the MEA and centroid structures) are their mixture's.
+    With ``request.samples`` (and ``key``, a PRNG key's ``uint32`` data) also :func:`_samples`'
+    ``samples [B, S, L]``, ``sample_score [B, S]``, ``sample_log_prob [B, S]`` (and ``sample_energy``).
     """
     import jax
     import jax.numpy as jnp
@@ -206,21 +213,28 @@ def fold_batch(params, tokens, lengths, phi, gamma, *, request: Request) -> dict
         isolated = layers.isolated_pairs(tokens, lengths, min_hairpin=h)
         ensemble_phi = jnp.where(isolated, jnp.asarray(layers.FORBIDDEN_PHI, dtype), pair_phi)
     exact = request.exact_no_lp_ensemble
+    log_zs = [None] * (1 + len(others))  # each set's, where a pass computes it
     if request.needs_probs:
-        log_z, probs = _value_and_pair_gradient(layers.log_partition, params, tokens, lengths, ensemble_phi, request,
-                                                exact)
-        if request.mixture:  # (the inside + outside passes of mixture_pair_probs, the first's log Z kept)
+        log_zs[0], probs = _value_and_pair_gradient(layers.log_partition, params, tokens, lengths, ensemble_phi,
+                                                    request, exact)
+        if request.mixture:  # (the inside + outside passes of mixture_pair_probs)
             probs = request.mixture[0] * probs
-            for weight, member in zip(request.mixture[1:], others):
-                probs = probs + weight * _value_and_pair_gradient(layers.log_partition, member, tokens, lengths,
-                                                                  ensemble_phi, request, exact)[1]
+            for k, (weight, member) in enumerate(zip(request.mixture[1:], others), start=1):
+                log_zs[k], member_probs = _value_and_pair_gradient(layers.log_partition, member, tokens, lengths,
+                                                                   ensemble_phi, request, exact)
+                probs = probs + weight * member_probs
         if request.partition:
-            out["log_z"] = log_z
+            out["log_z"] = log_zs[0]
         if request.probs:
             out["probs"] = probs
     elif request.partition:  # log Z alone: no outside pass
-        out["log_z"] = layers.log_partition(params, tokens, lengths, phi=ensemble_phi, min_hairpin=h,
-                                            num_chunks=chunks, no_lonely_pairs=exact)
+        out["log_z"] = log_zs[0] = layers.log_partition(params, tokens, lengths, phi=ensemble_phi, min_hairpin=h,
+                                                        num_chunks=chunks, no_lonely_pairs=exact)
+    if request.samples:
+        if key is None:
+            raise ValueError("a request with samples needs a PRNG key")
+        out.update(_samples((params, *others), log_zs, tokens, lengths, pair_phi, ensemble_phi,
+                            jax.random.wrap_key_data(key), request))
     if request.decoder == "mfe":
         out["structure"], out["score"] = layers.best_structure(params, tokens, lengths, phi=pair_phi, min_hairpin=h,
                                                                num_chunks=chunks, no_lonely_pairs=request.no_lonely_pairs,
@@ -236,6 +250,70 @@ def fold_batch(params, tokens, lengths, phi, gamma, *, request: Request) -> dict
                            "centroid_energy"))
         chosen = (jnp.arange(tokens.shape[1])[None, None, :] == out["centroid"][:, :, None]) & (upper > 0.5)
         out["centroid_distance"] = jnp.sum(jnp.where(chosen, 1 - upper, upper), axis=(1, 2))
+    return out
+
+
+def _phi_of(phi, tables):
+    """``SUM_{(i, j) in s} phi[i, j]`` of pair tables ``[B, S, L]`` under ``phi [B, L, L]``: ``[B, S]``."""
+    import jax.numpy as jnp
+
+    partner = jnp.maximum(tables, 0)
+    values = jnp.take_along_axis(phi[:, None], partner[..., None], axis=-1)[..., 0]  # phi[b, i, partner(i)]
+    opener = tables > jnp.arange(tables.shape[-1])
+    return jnp.sum(jnp.where(opener, values, 0), axis=-1)
+
+
+def _samples(sets, log_zs, tokens, lengths, pair_phi, ensemble_phi, key, request) -> dict:
+    """``request.samples`` structures per sequence from the ensemble of log Z (``ensemble_phi``):
+    :func:`foldax.layers.sample_structures` of the one parameter set, or of a mixture's sets with
+    each sample's set drawn by the mixture's weights (every set samples them all; a categorical
+    draw keeps one per sample).
+
+    Returns ``samples [B, S, L]``; ``sample_score [B, S]``, the first set's score with ``pair_phi``
+    (the value printed for the decoded structure too); ``sample_log_prob [B, S]``, the log
+    probability of each sample in the sampled ensemble (a mixture: ``log SUM_k w_k p_k(s)``); with
+    ``request.energy`` ``sample_energy [B, S]`` (:func:`foldax.layers.free_energy`, RNAfold's
+    ``eval_structure``). ``log_zs``: each set's log Z under ``ensemble_phi``, or None where not yet
+    computed.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from foldax import layers
+
+    count, h, exact = request.samples, request.min_hairpin, request.exact_no_lp_ensemble
+    batch, length = tokens.shape
+    keys = jax.random.split(key, len(sets) + 1)
+    drawn = jnp.stack([layers.sample_structures(k, p, tokens, count, lengths, phi=ensemble_phi, min_hairpin=h,
+                                                num_chunks=request.num_chunks, no_lonely_pairs=exact)
+                       for k, p in zip(keys, sets)])  # [K, B, S, L]
+    if len(sets) == 1:
+        tables = drawn[0]
+    else:
+        choice = jax.random.categorical(keys[-1], jnp.log(jnp.asarray(request.mixture)), shape=(batch, count))
+        tables = jnp.take_along_axis(drawn, choice[None, :, :, None], axis=0)[0]
+    flat = tables.reshape(batch * count, length)
+    flat_tokens = jnp.repeat(tokens, count, axis=0)
+    flat_lengths = jnp.repeat(lengths, count, axis=0)
+
+    def score(p, phi):  # scores without phi, then phi's pairs added: no [B * S, L, L] copy of phi
+        plain = layers.structure_score(p, flat_tokens, flat, flat_lengths, min_hairpin=h).reshape(batch, count)
+        return plain + _phi_of(phi, tables)
+
+    log_probs = []
+    for p, log_z in zip(sets, log_zs):
+        if log_z is None:
+            log_z = layers.log_partition(p, tokens, lengths, phi=ensemble_phi, min_hairpin=h,
+                                         num_chunks=request.num_chunks, no_lonely_pairs=exact)
+        log_probs.append(score(p, ensemble_phi) - log_z[:, None])
+    if len(sets) == 1:
+        log_prob = log_probs[0]
+    else:
+        weights = jnp.log(jnp.asarray(request.mixture, log_probs[0].dtype))
+        log_prob = jax.nn.logsumexp(jnp.stack(log_probs) + weights[:, None, None], axis=0)
+    out = {"samples": tables, "sample_score": score(sets[0], pair_phi), "sample_log_prob": log_prob}
+    if request.energy:
+        out["sample_energy"] = layers.free_energy(sets[0], flat_tokens, flat, flat_lengths).reshape(batch, count)
     return out
 
 
@@ -306,7 +384,7 @@ def _spec(x):
 
 def program_key(request: Request, args: tuple, devices: int) -> str:
     """The file name of a program: a hash of what the traced program depends on (see the module
-    docstring). ``args = (params, tokens, lengths, phi, gamma)``."""
+    docstring). ``args = (params, tokens, lengths, phi, gamma, key)``."""
     import jax
     import jaxlib
 
@@ -342,39 +420,41 @@ class FoldPrograms:
         self._programs: dict = {}
         self.stats: Counter = Counter()
 
-    def __call__(self, request: Request, params, tokens, lengths, phi=None, gamma=1.0) -> dict:
-        """:func:`fold_batch` of numpy inputs; numpy outputs."""
+    def __call__(self, request: Request, params, tokens, lengths, phi=None, gamma=1.0, key=None) -> dict:
+        """:func:`fold_batch` of numpy inputs; numpy outputs. ``key``: a PRNG key's ``uint32`` data
+        (``jax.random.key_data``), for a request with samples."""
         import jax
 
         from foldax.layers.compiled import crowded, release_compiled_programs
 
         dtype = np.result_type(*[np.asarray(leaf).dtype for leaf in jax.tree.leaves(params)])
         args = (params, np.asarray(tokens, np.int32), np.asarray(lengths, np.int32),
-                None if phi is None else np.asarray(phi), np.asarray(gamma, dtype))
+                None if phi is None else np.asarray(phi), np.asarray(gamma, dtype),
+                None if key is None else np.asarray(key, np.uint32))
         mesh = _mesh_for(args[1].shape[0])
         if request.num_chunks is None:  # a caller's explicit choice stands
             request = dataclasses.replace(request, num_chunks=num_chunks_for(*args[1].shape))
         if mesh is not None:
             args = _place(args, mesh)
-        key = program_key(request, args, 1 if mesh is None else mesh.size)
-        if key in self._programs:
+        name = program_key(request, args, 1 if mesh is None else mesh.size)
+        if name in self._programs:
             self.stats["memory"] += 1
-            return _numpy(self._programs[key](*args))
+            return _numpy(self._programs[name](*args))
         if crowded():  # every program holds memory mappings: give them back before adding one
             self._programs.clear()
             release_compiled_programs()
             self.stats["released"] += 1
-        program = self._load(key, mesh)
+        program = self._load(name, mesh)
         if program is not None:
             try:
                 out = _numpy(program(*args))
-                self._programs[key] = program
+                self._programs[name] = program
                 return out
             except jax.errors.JaxRuntimeError as err:  # a saved program that cannot run: make it again
-                print(f"foldax: the cached program {self._path(key)} failed ({str(err)[:80]}); compiling it again",
+                print(f"foldax: the cached program {self._path(name)} failed ({str(err)[:80]}); compiling it again",
                       file=sys.stderr)
-                self._path(key).unlink(missing_ok=True)
-        program = self._programs[key] = self._compile(key, request, args, mesh)
+                self._path(name).unlink(missing_ok=True)
+        program = self._programs[name] = self._compile(name, request, args, mesh)
         return _numpy(program(*args))
 
     def _path(self, key: str) -> Path:
@@ -503,8 +583,9 @@ def _shardings(args, mesh):
     from jax.sharding import NamedSharding, PartitionSpec
 
     replicated, split = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("batch"))
-    params, tokens, lengths, phi, gamma = args
-    return (replicated, split, split, None if phi is None else split, replicated)
+    params, tokens, lengths, phi, gamma, key = args
+    return (replicated, split, split, None if phi is None else split, replicated,
+            None if key is None else replicated)
 
 
 def _place(args, mesh):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import io
+import math
 import re
 import sys
 import types
@@ -954,3 +956,117 @@ def test_the_program_cache_keeps_the_most_recently_used(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("*.xla")) == ["p1.xla", "p2.xla"]
     programs._prune(tmp_path, 10)  # the newest always stays
     assert [p.name for p in tmp_path.glob("*.xla")] == ["p2.xla"]
+
+
+# --------------------------------------------------------------------------- #
+# --sample: structures drawn from the ensemble, as RNAsubopt -p --stochBT_en
+# --------------------------------------------------------------------------- #
+
+SAMPLE_LINE = re.compile(r"^([.()]+) +(-?\d+\.\d\d) (\S+)$")
+
+
+def sample_lines_of(out: str, seq: str) -> list[tuple[str, float, float]]:
+    """The ``structure value probability`` lines printed for the record of ``seq``."""
+    lines = out.splitlines()
+    start = lines.index(seq)
+    rows = []
+    for line in lines[start + 1:]:
+        if line.startswith(">"):
+            break
+        match = SAMPLE_LINE.match(line)
+        if match:
+            rows.append((match.group(1), float(match.group(2)), float(match.group(3))))
+    return rows
+
+
+def test_sample_prints_viennas_energies_and_ensemble_probabilities(capsys, tmp_path):
+    """``foldax fold --sample S --params turner2004``: S lines ``structure E p`` after the MFE line,
+    E ViennaRNA's ``eval_structure`` and p its Boltzmann probability ``exp((G - E) / kT)``; the samples'
+    frequencies follow p; a seed repeats them; usage errors are clear."""
+    RNA = pytest.importorskip("RNA")
+    seq, count = "GGGGAAACCCCAUGGGAAACCCAU", 400
+    argv = ["fold", seq, "--params", "turner2004", "--sample", count, "--seed", 7]
+    rc, out, err = run(capsys, argv)
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[:2] == [">seq1", seq] and re.fullmatch(r"[.()]+ \(\s*-?\d+\.\d\d\)", lines[2])
+    rows = sample_lines_of(out, seq)
+    assert len(rows) == count == len(lines) - 3
+    want = vienna_fold(RNA, seq)
+    fc, kT = want["fc"], layers.kt(37.0)
+    for structure, energy, p in rows:
+        exact = fc.eval_structure(structure)
+        assert abs(energy - exact) <= 0.005 + 1e-6
+        assert p == pytest.approx(math.exp((want["ensemble"] - exact) / kT), rel=2e-4)
+    frequencies = collections.Counter(structure for structure, _, _ in rows)
+    for structure, p in {s: p for s, _, p in rows}.items():  # each structure seen: ~Binomial(count, p)
+        assert abs(frequencies[structure] / count - p) <= 4.5 * math.sqrt(p * (1 - p) / count) + 1.5 / count
+    assert sum(p for s, _, p in {r[0]: r for r in rows}.values()) > 0.9  # the likely structures were all drawn
+    rc, again, err = run(capsys, argv)
+    assert rc == 0 and again == out and "seed" not in err
+    rc, other, err = run(capsys, argv[:-1] + [8])
+    assert rc == 0 and other != out
+    rc, fresh, err = run(capsys, argv[:-2] + ["-o", f"{tmp_path}/"])
+    seed = int(re.search(r"samples: seed (\d+) \(--seed \1 draws the same samples again\)", err).group(1))
+    text = (tmp_path / "seq1_samples.txt").read_text()
+    assert text.splitlines()[2:4] == [">seq1", seq] and text.splitlines()[4:] == fresh.splitlines()[3:]
+    rc, out, err = run(capsys, argv[:-2] + ["--seed", seed])
+    assert rc == 0 and out == fresh
+    for extra, message in ((["--format", "ct"], "--sample prints dot-bracket lines"),
+                           (["--sample", "0"], "must be >= 1"), (["--seed", str(1 << 32)], "must be an integer in")):
+        rc, out, err = run(capsys, argv + extra)
+        assert rc == 2 and message in err and out == ""
+    rc, out, err = run(capsys, ["fold", seq, "--seed", "1"])
+    assert rc == 2 and "--seed needs --sample" in err
+
+
+@pytest.mark.slow
+def test_sample_from_a_mixture_with_constraints_and_without_lonely_pairs(capsys, tmp_path):
+    """The default mixture's samples: each probability is the mixture's ``SUM_k w_k p_k(s)`` (from
+    :func:`foldax.layers.log_partition` and :func:`foldax.layers.structure_score` of every member), and
+    two copies of a sequence in one batch draw different samples. ``-C``: the samples keep the
+    constraint and p is the constrained ensemble's (ViennaRNA's hard constraints). ``--noLP-exact``:
+    no sample has a lonely pair."""
+    from foldax import fold as F
+    from foldax import parameters
+
+    RNA = pytest.importorskip("RNA")
+    seq, count = "GCGCUUCGGCGCAUAGCAUCUAUGC", 60
+    (tmp_path / "two.fa").write_text(f">a\n{seq}\n>b\n{seq}\n")
+    rc, out, err = run(capsys, ["fold", "-i", tmp_path / "two.fa", "--model", parameters.DEFAULT, "--sample", count,
+                                "--seed", 1])
+    assert rc == 0, err
+    first, second = out.split(">b\n")
+    rows = sample_lines_of(first, seq)
+    assert len(rows) == count and rows != sample_lines_of(">b\n" + second, seq)
+    model = F.load_model(None)
+    tokens = layers.encode(seq)
+    sets = (model.params, *model.members)
+    log_z = [float(layers.log_partition(p, tokens)) for p in sets]
+    for structure, energy, p in rows:
+        table = from_dot_bracket(structure)
+        scores = [float(layers.structure_score(p, tokens, table)) for p in sets]
+        mixed = sum(w * math.exp(s - z) for w, s, z in zip(model.mixture, scores, log_z))
+        assert p == pytest.approx(mixed, rel=1e-3)
+        assert energy == pytest.approx(float(layers.free_energy(model.params, tokens, table)), abs=0.006)
+
+    constraint = "xxx......................"
+    (tmp_path / "c.fa").write_text(f">c\n{seq}\n{constraint}\n")
+    rc, out, err = run(capsys, ["fold", "-C", "-i", tmp_path / "c.fa", "--params", "turner2004", "--sample", count])
+    assert rc == 0, err
+    want = vienna_fold(RNA, seq, constraint=constraint)
+    for structure, energy, p in sample_lines_of(out, seq):
+        assert structure[:3] == "..."
+        exact = want["fc"].eval_structure(structure)
+        assert p == pytest.approx(math.exp((want["ensemble"] - exact) / layers.kt(37.0)), rel=2e-4)
+
+    rc, out, err = run(capsys, ["fold", "GGGAAACCCAGGGGAAACCCCAGAAACU", "--params", "turner2004", "--noLP-exact",
+                                "--sample", 200])
+    assert rc == 0, err
+    rows = sample_lines_of(out, "GGGAAACCCAGGGGAAACCCCAGAAACU")
+    assert len(rows) == 200
+    for structure, _, _ in rows:
+        table = from_dot_bracket(structure)
+        for i, j in enumerate(table):
+            if j > i:  # every pair stacks on (i + 1, j - 1) or (i - 1, j + 1)
+                assert table[i + 1] == j - 1 or (i > 0 and table[i - 1] == j + 1), structure
