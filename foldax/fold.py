@@ -713,7 +713,8 @@ def fold_records(model, records: Sequence[InputRecord], *, mea: bool = False, ga
                       no_lonely_pairs=no_lonely_pairs, no_lp_ensemble=no_lp_ensemble, mixture=model.mixture,
                       samples=int(samples))
     results: list[FoldResult | None] = [None] * len(records)
-    key = jax.random.key(0) if key is None else key
+    if samples and key is None:
+        key = jax.random.key(0)
     # (the batch is sized for the costlier grammar of a mixture's members)
     energy = any(layers.is_energy_params(p) for p in param_sets)
     multiple = jax.local_device_count() if energy else 1
