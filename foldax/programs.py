@@ -292,29 +292,50 @@ def _samples(sets, log_zs, tokens, lengths, pair_phi, ensemble_phi, key, request
     else:
         choice = jax.random.categorical(keys[-1], jnp.log(jnp.asarray(request.mixture)), shape=(batch, count))
         tables = jnp.take_along_axis(drawn, choice[None, :, :, None], axis=0)[0]
-    flat = tables.reshape(batch * count, length)
-    flat_tokens = jnp.repeat(tokens, count, axis=0)
-    flat_lengths = jnp.repeat(lengths, count, axis=0)
-
-    def score(p, phi):  # scores without phi, then phi's pairs added: no [B * S, L, L] copy of phi
-        plain = layers.structure_score(p, flat_tokens, flat, flat_lengths, min_hairpin=h).reshape(batch, count)
-        return plain + _phi_of(phi, tables)
-
+    rows = (jnp.repeat(tokens, count, axis=0), tables.reshape(batch * count, length),
+            jnp.repeat(lengths, count, axis=0))
+    # Scores without phi, then phi's pairs added (no [B * S, L, L] copy of phi).
+    plain = [_each_structure(lambda x, s, n, p=p: layers.structure_score(p, x, s, n, min_hairpin=h), *rows)
+             .reshape(batch, count) for p in sets]
     log_probs = []
-    for p, log_z in zip(sets, log_zs):
+    for p, score, log_z in zip(sets, plain, log_zs):
         if log_z is None:
             log_z = layers.log_partition(p, tokens, lengths, phi=ensemble_phi, min_hairpin=h,
                                          num_chunks=request.num_chunks, no_lonely_pairs=exact)
-        log_probs.append(score(p, ensemble_phi) - log_z[:, None])
+        log_probs.append(score + _phi_of(ensemble_phi, tables) - log_z[:, None])
     if len(sets) == 1:
         log_prob = log_probs[0]
     else:
         weights = jnp.log(jnp.asarray(request.mixture, log_probs[0].dtype))
         log_prob = jax.nn.logsumexp(jnp.stack(log_probs) + weights[:, None, None], axis=0)
-    out = {"samples": tables, "sample_score": score(sets[0], pair_phi), "sample_log_prob": log_prob}
+    out = {"samples": tables, "sample_score": plain[0] + _phi_of(pair_phi, tables), "sample_log_prob": log_prob}
     if request.energy:
-        out["sample_energy"] = layers.free_energy(sets[0], flat_tokens, flat, flat_lengths).reshape(batch, count)
+        out["sample_energy"] = _each_structure(functools.partial(layers.free_energy, sets[0]), *rows).reshape(
+            batch, count)
     return out
+
+
+#: Sampled structures scored at a time: each holds ~100 KB of temporaries at 512 nt.
+SCORE_CHUNK = 1024
+
+
+def _each_structure(fn, tokens, tables, lengths):
+    """``fn(tokens [N, L], tables [N, L], lengths [N]) -> [N]``, :data:`SCORE_CHUNK` rows at a time (a
+    loop, so that many samples need bounded memory)."""
+    import jax
+    import jax.numpy as jnp
+
+    n = tables.shape[0]
+    if n <= SCORE_CHUNK:
+        return fn(tokens, tables, lengths)
+    pad = -n % SCORE_CHUNK
+
+    def chunks(x, fill):  # rows of padding: open chains of length 0
+        x = jnp.pad(x, ((0, pad),) + ((0, 0),) * (x.ndim - 1), constant_values=fill)
+        return x.reshape((-1, SCORE_CHUNK) + x.shape[1:])
+
+    out = jax.lax.map(lambda c: fn(*c), (chunks(tokens, 0), chunks(tables, -1), chunks(lengths, 0)))
+    return out.reshape(-1)[:n]
 
 
 def _values(params, tokens, table, lengths, phi, request, score_name, energy_name) -> dict:

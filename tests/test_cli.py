@@ -1020,6 +1020,24 @@ def test_sample_prints_viennas_energies_and_ensemble_probabilities(capsys, tmp_p
     assert rc == 2 and "--seed needs --sample" in err
 
 
+def test_many_samples_are_scored_in_chunks_with_the_same_results(monkeypatch):
+    """The samples' scores, free energies and probabilities are computed SCORE_CHUNK structures at a
+    time (bounded memory for many samples): the same numbers as in one piece, padding rows dropped."""
+    from foldax import fold as F
+    from foldax import programs
+
+    records = [F.InputRecord("a", "GGGGAAACCCCAUGGGAAACCCAU"), F.InputRecord("b", "GCGCUUCGGCGCAUAGCAUCUAUGC")]
+    model = F.load_model("turner2004")
+    whole = F.fold_records(model, records, samples=9, key=jax.random.key(3))
+    monkeypatch.setattr(programs, "SCORE_CHUNK", 4)  # 18 structures: 5 chunks, 2 rows of padding
+    chunked = F.fold_records(model, records, samples=9, key=jax.random.key(3))
+    for one, other in zip(whole, chunked, strict=True):
+        np.testing.assert_array_equal(one.samples, other.samples)
+        for name in ("sample_scores", "sample_energies", "sample_log_probs"):
+            np.testing.assert_allclose(getattr(one, name), getattr(other, name), rtol=1e-6)
+        assert np.all(np.isfinite(one.sample_energies)) and np.all(one.sample_log_probs <= 1e-6)
+
+
 @pytest.mark.slow
 def test_sample_from_a_mixture_with_constraints_and_without_lonely_pairs(capsys, tmp_path):
     """The default mixture's samples: each probability is the mixture's ``SUM_k w_k p_k(s)`` (from
