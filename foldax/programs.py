@@ -297,12 +297,13 @@ def _samples(sets, log_zs, tokens, lengths, pair_phi, ensemble_phi, key, request
     # Scores without phi, then phi's pairs added (no [B * S, L, L] copy of phi).
     plain = [_each_structure(lambda x, s, n, p=p: layers.structure_score(p, x, s, n, min_hairpin=h), *rows)
              .reshape(batch, count) for p in sets]
+    ensemble_pairs = _phi_of(ensemble_phi, tables)
     log_probs = []
     for p, score, log_z in zip(sets, plain, log_zs):
         if log_z is None:
             log_z = layers.log_partition(p, tokens, lengths, phi=ensemble_phi, min_hairpin=h,
                                          num_chunks=request.num_chunks, no_lonely_pairs=exact)
-        log_probs.append(score + _phi_of(ensemble_phi, tables) - log_z[:, None])
+        log_probs.append(score + ensemble_pairs - log_z[:, None])
     if len(sets) == 1:
         log_prob = log_probs[0]
     else:
