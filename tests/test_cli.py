@@ -470,6 +470,21 @@ def test_params_neural_workdir_folds_with_its_phi_network(capsys, tmp_path):
         assert score == pytest.approx(float(scores[k]), abs=0.006)
         assert printed_z[k] == pytest.approx(float(log_z[k]), abs=0.006)
 
+    # --sample draws from the ensemble with phi (and the run's min_hairpin): p = exp(score - log Z)
+    rc, out, err = run(capsys, ["fold", *RECORDS.values(), "--sample", 30, "--seed", 2, "--params", workdir])
+    assert rc == 0, err
+    for k, seq in enumerate(RECORDS.values()):
+        rows = sample_lines_of(out, seq)
+        assert len(rows) == 30
+        for structure, value, p in rows:
+            table = np.full(tokens.shape[1], -1)
+            table[:len(seq)] = from_dot_bracket(structure)
+            validate_pair_table(table[:len(seq)], min_hairpin=4)
+            score = float(structure_score(trained, tokens[k:k + 1], table[None], lengths[k:k + 1], phi=phi[k:k + 1],
+                                          **kw)[0])
+            assert value == pytest.approx(score, abs=0.006)
+            assert p == pytest.approx(math.exp(score - float(log_z[k])), rel=1e-3)
+
 
 # --------------------------------------------------------------------------- #
 # --params NAME|FILE: shipped parameter sets and parameter files, with provenance
