@@ -253,23 +253,13 @@ def fold_batch(params, tokens, lengths, phi, gamma, key=None, *, request: Reques
     return out
 
 
-def _phi_of(phi, tables):
-    """``SUM_{(i, j) in s} phi[i, j]`` of pair tables ``[B, S, L]`` under ``phi [B, L, L]``: ``[B, S]``."""
-    import jax.numpy as jnp
-
-    partner = jnp.maximum(tables, 0)
-    values = jnp.take_along_axis(phi[:, None], partner[..., None], axis=-1)[..., 0]  # phi[b, i, partner(i)]
-    opener = tables > jnp.arange(tables.shape[-1])
-    return jnp.sum(jnp.where(opener, values, 0), axis=-1)
-
-
-def _samples(sets, log_zs, tokens, lengths, pair_phi, ensemble_phi, key, request) -> dict:
+def _samples(sets, log_zs, tokens, lengths, score_phi, ensemble_phi, key, request) -> dict:
     """``request.samples`` structures per sequence from the ensemble of log Z (``ensemble_phi``):
     :func:`foldax.layers.sample_structures` of the one parameter set, or of a mixture's sets with
     each sample's set drawn by the mixture's weights (every set samples them all; a categorical
     draw keeps one per sample).
 
-    Returns ``samples [B, S, L]``; ``sample_score [B, S]``, the first set's score with ``pair_phi``
+    Returns ``samples [B, S, L]``; ``sample_score [B, S]``, the first set's score with ``score_phi``
     (the value printed for the decoded structure too); ``sample_log_prob [B, S]``, the log
     probability of each sample in the sampled ensemble (a mixture: ``log SUM_k w_k p_k(s)``); with
     ``request.energy`` ``sample_energy [B, S]`` (:func:`foldax.layers.free_energy`, RNAfold's
@@ -280,6 +270,7 @@ def _samples(sets, log_zs, tokens, lengths, pair_phi, ensemble_phi, key, request
     import jax.numpy as jnp
 
     from foldax import layers
+    from foldax.layers.inside import pair_phi
 
     count, h, exact = request.samples, request.min_hairpin, request.exact_no_lp_ensemble
     batch, length = tokens.shape
@@ -297,7 +288,7 @@ def _samples(sets, log_zs, tokens, lengths, pair_phi, ensemble_phi, key, request
     # Scores without phi, then phi's pairs added (no [B * S, L, L] copy of phi).
     plain = [_each_structure(lambda x, s, n, p=p: layers.structure_score(p, x, s, n, min_hairpin=h), *rows)
              .reshape(batch, count) for p in sets]
-    ensemble_pairs = _phi_of(ensemble_phi, tables)
+    ensemble_pairs = pair_phi(ensemble_phi, tables)
     log_probs = []
     for p, score, log_z in zip(sets, plain, log_zs):
         if log_z is None:
@@ -309,7 +300,7 @@ def _samples(sets, log_zs, tokens, lengths, pair_phi, ensemble_phi, key, request
     else:
         weights = jnp.log(jnp.asarray(request.mixture, log_probs[0].dtype))
         log_prob = jax.nn.logsumexp(jnp.stack(log_probs) + weights[:, None, None], axis=0)
-    out = {"samples": tables, "sample_score": plain[0] + _phi_of(pair_phi, tables), "sample_log_prob": log_prob}
+    out = {"samples": tables, "sample_score": plain[0] + pair_phi(score_phi, tables), "sample_log_prob": log_prob}
     if request.energy:
         out["sample_energy"] = _each_structure(functools.partial(layers.free_energy, sets[0]), *rows).reshape(
             batch, count)

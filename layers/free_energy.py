@@ -31,7 +31,7 @@ import numpy as np
 from foldax.layers.dotbracket import StructureError, from_dot_bracket
 from foldax.layers.energy import _pair_type, loop_energy
 from foldax.layers.energy_params import PAIR_INDEX, temperature_kt
-from foldax.layers.inside import _check_inputs, _is_concrete, check_params, is_energy_params, log_partition
+from foldax.layers.inside import _check_inputs, _is_concrete, check_params, is_energy_params, log_partition, pair_phi
 
 
 def _require_energy_params(params, what):
@@ -170,9 +170,7 @@ def turner_structure_score(params, tokens, pair_table, lengths, phi, min_hairpin
     valid = valid & hairpins_ok
     score = jnp.where(valid, -energy / temperature_kt(params), jnp.zeros_like(energy))  # no inf reaches a gradient
     if phi is not None:
-        partner = jnp.clip(pair_table, 0, max(length - 1, 0))
-        picked = jnp.take_along_axis(phi.astype(score.dtype), partner[:, :, None], axis=2)[..., 0]
-        score = score + jnp.sum(jnp.where(opens, picked, 0), axis=1)
+        score = score + pair_phi(phi.astype(score.dtype), jnp.where(in_seq, pair_table, -1))
     return score, valid
 
 

@@ -69,6 +69,20 @@ def _is_concrete(x):
     return not isinstance(x, jax.core.Tracer)
 
 
+def pair_phi(phi, pair_table):
+    """``SUM_{i < pt[i]} phi[b, i, pt[i]]``: what ``phi`` adds to each structure's score.
+
+    ``phi [B, L, L]``; ``pair_table [B, L]``, or ``[B, S, L]`` for several structures of each
+    sequence (partner or -1; entries past a sequence's length must be -1). Returns ``[B]`` (or
+    ``[B, S]``) in ``phi``'s dtype.
+    """
+    length = pair_table.shape[-1]
+    phi = phi.reshape(phi.shape[:1] + (1,) * (pair_table.ndim - 2) + phi.shape[1:])
+    partner = jnp.clip(pair_table, 0, max(length - 1, 0))  # clipped gathers keep invalid tables finite
+    picked = jnp.take_along_axis(phi, partner[..., None], axis=-1)[..., 0]
+    return jnp.sum(jnp.where(pair_table > jnp.arange(length), picked, 0), axis=-1)
+
+
 def _check_inputs(tokens, lengths, phi, min_hairpin):
     if not isinstance(min_hairpin, (int, np.integer)) or isinstance(min_hairpin, bool) or min_hairpin < 0:
         raise ValueError(f"min_hairpin must be a non-negative int (static), got {min_hairpin!r}")

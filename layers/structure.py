@@ -61,6 +61,7 @@ from foldax.layers.inside import (
     check_no_lonely_pairs,
     check_params,
     is_energy_params,
+    pair_phi,
 )
 
 
@@ -179,11 +180,11 @@ def _batched_score(params, tokens, pair_table, lengths, phi, *, min_hairpin):
 
     p = {k: params[k].astype(dtype) for k in ("stack", "pair", "unpaired", "loop")}
     pair_term = _flat_lookup(p["pair"], (x, x_j))
-    if phi is not None:
-        pair_term = pair_term + jnp.take_along_axis(phi.astype(dtype), j[:, :, None], axis=2)[..., 0]
     inner_term = jnp.where(stacked, _flat_lookup(p["stack"], (x, x_j, x_jm1, x_ip1)), p["loop"])
     score = jnp.sum(jnp.where(opens, pair_term + inner_term, 0), axis=1)
     score = score + jnp.sum(jnp.where((pt == -1) & active, _flat_lookup(p["unpaired"], (x,)), 0), axis=1)
+    if phi is not None:
+        score = score + pair_phi(phi.astype(dtype), pt)
     return score, valid
 
 
