@@ -195,9 +195,9 @@ def traceback_tables(problem: Problem, semiring: str, key, inputs, lengths, num_
 
         if sampling:
             # The step's uniforms in one draw (one jax.random loop per step, not three per sum):
-            # a first trace, whose values are discarded, counts them.
+            # an abstract first trace (no operations in the program) counts them.
             counter = SampleSemiring(None)
-            recursion(views, counter)
+            jax.eval_shape(lambda v: recursion(v, counter), views)
             dtype = next(iter(views.values())).dtype
             sr = SampleSemiring(None, uniforms=jax.random.uniform(jax.random.fold_in(lane_key, it),
                                                                   (counter.uniforms_used,), dtype))
