@@ -536,8 +536,10 @@ class TurnerGrammar:
             **cell, **window,
             "qm_left": View("QMc", lo, 0, rows, width),  # QM[i][i+m-1], m = lo ..
             "qm1_right": View("QM1r", length - d + lo, d, rows, width),  # QM1[i+m][j]
-            # widths d-2, d-1 of QI, QM1, QM1x, QMM (and QB without lonely pairs)
-            "ml": View("ML", d, 0, 2, len(self.ml_segments) * (length + 1)),
+            # The multiloop rows of widths d-2 (row d) and d-1 (row d+1), one view per read
+            # (a view of all the packed segments has an adjoint that is mostly zeros).
+            **{name: View("ML", d + dw, self.ml_segments.index(chart) * (length + 1) + di, 1, width)
+               for name, (chart, dw, di) in self._ml_reads().items()},
             # The exterior loop at end position d: stems (k, d) for k = 1 .. rows + 1 (k = 0 is
             # this diagonal's own cell), and the prefixes F5[k - 1] before them.
             "f5_prev": View("F5", 0, 1, 1, stems),  # F5[k - 1], k = 1 ..
@@ -545,6 +547,13 @@ class TurnerGrammar:
             "stem_ext": View("ext_r", length - d + 1, d + WINDOW, stems, 1),
             "f5_last": View("F5", 0, d, 1, 1),  # F5[d - 1]
         }
+
+    def _ml_reads(self):
+        """The step's reads of the packed ML rows: name -> (chart, width - (d - 2), i offset)."""
+        reads = {"qmm_inner": ("QMM", 0, 1), "qm1_prev": ("QM1", 1, 0), "qm1x_next": ("QM1x", 1, 1)}
+        if self.no_lonely_pairs:
+            reads["qb_inner"] = ("QB", 0, 1)  # QB[i+1][j-1], read by the stack
+        return reads
 
     def writes(self, d, length):
         return {"QBs": (d + ROW_PAD, 0), "QBr": (length - d, d + WINDOW), "QM1r": (length - d, d),
@@ -562,10 +571,9 @@ class TurnerGrammar:
         del exact
         batch, width = views["qm_left"].shape[0], views["qm_left"].shape[2]
         packed = views["cells"][:, :, 0]  # [B, field, width]
-        cell = {name: packed[:, k] for k, name in enumerate(CELL_ARRAYS)}
+        # lax.split, whose transpose is one concatenate (16 slices' pads are each added in full).
+        cell = dict(zip(CELL_ARRAYS, (f[:, 0] for f in jax.lax.split(packed, (1,) * len(CELL_ARRAYS), axis=1))))
         segments = self.ml_segments
-        seg = {name: k for k, name in enumerate(segments)}
-        ml_rows = views["ml"].reshape(batch, 2, len(segments), length + 1)  # widths d-2, d-1
         if "ML" in known:
             known = {**known, **_unpack_ml(known["ML"], segments, length, width)}
 
@@ -583,7 +591,7 @@ class TurnerGrammar:
         small = qb_start[:, MAX_LOOP - 4 : MAX_LOOP + 1, 1 : 3 + width]
         inner_qb = lambda l1, l2: small[:, rho(l1, l2) - (MAX_LOOP - 4), l1 : l1 + width]
         # QB[i+1][j-1]; the window holds QS without lonely pairs, where a stack reads the full QB.
-        stacked_on = ml_rows[:, 0, seg["QB"], 1 : 1 + width] if self.no_lonely_pairs else inner_qb(0, 0)
+        stacked_on = views["qb_inner"][:, 0] if self.no_lonely_pairs else inner_qb(0, 0)
         parts = [
             cell["stack"] + stacked_on,
             cell["bulge1_5"] + inner_qb(1, 0),
@@ -622,9 +630,9 @@ class TurnerGrammar:
                 parts.append(cell[outer] + (sr.sum(loops, axis=1) if loops.shape[1] > 1 else loops[:, 0]))
         qi = sr.sum(jnp.stack(parts, axis=1), axis=1, known=known.get("QI"))
 
-        qmm_inner = ml_rows[:, 0, seg["QMM"], 1 : 1 + width]  # QMM[i+1][j-1]
-        qm1_prev = ml_rows[:, 1, seg["QM1"], :width]  # QM1[i][j-1]
-        qm1x_next = ml_rows[:, 1, seg["QM1x"], 1 : 1 + width]  # QM1x[i+1][j]
+        qmm_inner = views["qmm_inner"][:, 0]  # QMM[i+1][j-1]
+        qm1_prev = views["qm1_prev"][:, 0]  # QM1[i][j-1]
+        qm1x_next = views["qm1x_next"][:, 0]  # QM1x[i+1][j]
         closes = sr.plus(sr.plus(cell["hairpin"], qi), cell["ml_close"] + qmm_inner)
         qb = cell["pair"] + closes
         # The pair as the other loops read it: any pair, or one that stacks on its inner pair.
