@@ -37,6 +37,7 @@ import argparse
 import ctypes
 import json
 import multiprocessing
+import os
 import statistics
 import subprocess
 import sys
@@ -280,6 +281,9 @@ def memory(args):
 
 
 def main():
+    from foldax import hugepages
+
+    hugepages.reexec_with_huge_pages()  # as the foldax command does (FOLDAX_HUGE_PAGES=0: without)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--section", choices=["single", "batch", "grad", "memory", "throughput"], default="single")
     ap.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")], default=None)
@@ -305,6 +309,9 @@ def main():
                 "throughput": [200, 500]}
     args.sizes = args.sizes or defaults.get(args.section, [])
     sections = {"single": single, "batch": batch, "grad": grad, "memory": memory, "throughput": throughput}
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    print(f"huge pages for XLA's buffers: {'on' if 'glibc.malloc.hugetlb=1' in tunables else 'off'} "
+          f"(GLIBC_TUNABLES={tunables!r}, kernel THP mode {hugepages.thp_mode()!r})")
     result = sections[args.section](args)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))

@@ -133,6 +133,10 @@ def compile_phases(length: int, batch: int, num_chunks) -> None:
 
 
 def main(argv=None) -> int:
+    if argv is None:
+        from foldax import hugepages
+
+        hugepages.reexec_with_huge_pages()  # as the foldax command does (FOLDAX_HUGE_PAGES=0: without)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=["whole", "interior", "qmm", "both"], default="whole")
     ap.add_argument("--length", type=int, default=500)

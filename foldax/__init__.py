@@ -11,7 +11,8 @@ One import namespace; the repository's top-level folders are its subpackages:
 * :mod:`foldax.cli` -- the ``foldax`` console entry point (:func:`foldax.cli.main`);
   :mod:`foldax.fold` -- batched folding for ``foldax fold``; :mod:`foldax.parameters` -- ``--params``;
   :mod:`foldax.programs` -- compiled fold programs kept across runs (``~/.cache/foldax``);
-  :mod:`foldax.plots` -- dot plots, arc diagrams, training curves.
+  :mod:`foldax.plots` -- dot plots, arc diagrams, training curves; :mod:`foldax.hugepages` -- the
+  entry points' huge-page start-up setting for XLA's buffers.
 
 Importing :mod:`foldax` is cheap: JAX, Flax and matplotlib are imported by the submodules.
 

@@ -286,9 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     When it starts JAX itself (JAX not imported yet: the ``foldax`` command, not a test
     calling this function), ``foldax fold`` also sets JAX up for the process: one CPU
     device per core (:func:`foldax.layers.devices.default_cpu_devices`) and the program cache
-    (:mod:`foldax.programs`).
+    (:mod:`foldax.programs`). Run as the command (``argv`` None), it first re-executes itself
+    with glibc's huge-page tunable where that helps (:mod:`foldax.hugepages`).
     """
     own_process = "jax" not in sys.modules
+    if argv is None and own_process:
+        from foldax import hugepages
+
+        hugepages.reexec_with_huge_pages()  # XLA's buffers on huge pages: 1.1x faster (foldax/hugepages.py)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in FORWARDED:
         import importlib
