@@ -283,7 +283,6 @@ def memory(args):
 def main():
     from foldax import hugepages
 
-    hugepages.reexec_with_huge_pages()  # as the foldax command does (FOLDAX_HUGE_PAGES=0: without)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--section", choices=["single", "batch", "grad", "memory", "throughput"], default="single")
     ap.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")], default=None)
@@ -318,4 +317,7 @@ def main():
 
 
 if __name__ == "__main__":
+    from foldax import hugepages
+
+    hugepages.reexec_with_huge_pages()  # as the foldax command does (FOLDAX_HUGE_PAGES=0: without)
     main()
