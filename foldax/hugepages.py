@@ -25,13 +25,16 @@ import os
 import sys
 from collections.abc import Mapping
 
-__all__ = ["TUNABLE", "OPT_OUT", "thp_mode", "wanted", "environment", "reexec_with_huge_pages"]
+__all__ = ["TUNABLE", "OPT_OUT", "REEXECUTED", "thp_mode", "wanted", "environment", "reexec_with_huge_pages"]
 
 #: The glibc tunable that makes ``malloc`` advise huge pages for its large blocks.
 TUNABLE = "glibc.malloc.hugetlb=1"
 #: Set to ``0`` to keep an entry point from re-executing itself.
 OPT_OUT = "FOLDAX_HUGE_PAGES"
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
+#: Set in the re-executed process: never a second time, even where the loader drops the tunable
+#: (setuid programs' secure mode removes ``GLIBC_TUNABLES`` from the environment).
+REEXECUTED = "FOLDAX_HUGE_PAGES_REEXECUTED"
 
 
 def thp_mode(path: str = THP_SETTING) -> str | None:
@@ -64,16 +67,18 @@ def wanted(environ: Mapping[str, str] | None = None, *, mode=_THIS_MACHINE, glib
     environ = os.environ if environ is None else environ
     mode = thp_mode() if mode is _THIS_MACHINE else mode
     glibc = _glibc() if glibc is _THIS_MACHINE else glibc
-    if environ.get(OPT_OUT, "").strip() == "0" or not glibc or mode != "madvise":
+    if environ.get(OPT_OUT, "").strip() == "0" or REEXECUTED in environ or not glibc or mode != "madvise":
         return False
     return "glibc.malloc.hugetlb" not in environ.get("GLIBC_TUNABLES", "")
 
 
 def environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A copy of ``environ`` with :data:`TUNABLE` added to ``GLIBC_TUNABLES`` (kept: the user's own tunables)."""
+    """A copy of ``environ`` with :data:`TUNABLE` added to ``GLIBC_TUNABLES`` (kept: the user's own
+    tunables) and the :data:`REEXECUTED` mark."""
     env = dict(os.environ if environ is None else environ)
     current = env.get("GLIBC_TUNABLES", "")
     env["GLIBC_TUNABLES"] = f"{current}:{TUNABLE}" if current else TUNABLE
+    env[REEXECUTED] = "1"
     return env
 
 

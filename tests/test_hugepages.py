@@ -27,6 +27,7 @@ def test_thp_mode_reads_the_bracketed_setting(tmp_path):
     ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}, "madvise", True, False),  # already on: no loop
     ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, "madvise", True, False),  # the user's own choice
     ({"FOLDAX_HUGE_PAGES": "0"}, "madvise", True, False),
+    ({"FOLDAX_HUGE_PAGES_REEXECUTED": "1"}, "madvise", True, False),  # once only, tunable or not
     ({}, "always", True, False),
     ({}, "never", True, False),
     ({}, None, True, False),
@@ -38,8 +39,10 @@ def test_wanted_only_where_it_changes_something(environ, mode, glibc, expected):
 
 def test_environment_keeps_the_users_tunables():
     env = hugepages.environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "PATH": "/bin"})
-    assert env == {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1", "PATH": "/bin"}
+    assert env == {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1", "PATH": "/bin",
+                   hugepages.REEXECUTED: "1"}
     assert hugepages.environment({})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    assert not hugepages.wanted(hugepages.environment({"GLIBC_TUNABLES": ""}), mode="madvise", glibc=True)
 
 
 CHILD = """
@@ -68,7 +71,8 @@ def _run_child(env):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc tunables and /proc: Linux only")
 def test_reexec_sets_the_tunable_keeps_the_arguments_and_gives_huge_pages():
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", hugepages.OPT_OUT)}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GLIBC_TUNABLES", hugepages.OPT_OUT, hugepages.REEXECUTED)}
     tunables, args, huge_kb = _run_child(env)
     assert args == ["first arg", "--second"]  # the command line survives the exec
     if hugepages.wanted(env):
