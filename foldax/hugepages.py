@@ -50,8 +50,10 @@ def thp_mode(path: str = THP_SETTING) -> str | None:
 
 
 def _glibc() -> bool:
+    """glibc 2.35 or later (the first with the tunable; older ones ignore it)."""
     try:
-        return os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
+        name, version = os.confstr("CS_GNU_LIBC_VERSION").split()
+        return name == "glibc" and tuple(int(v) for v in version.split(".")[:2]) >= (2, 35)
     except (AttributeError, ValueError, OSError):
         return False
 
