@@ -309,7 +309,7 @@ def main():
     args.sizes = args.sizes or defaults.get(args.section, [])
     sections = {"single": single, "batch": batch, "grad": grad, "memory": memory, "throughput": throughput}
     tunables = os.environ.get("GLIBC_TUNABLES", "")
-    print(f"huge pages for XLA's buffers: {'on' if 'glibc.malloc.hugetlb=1' in tunables else 'off'} "
+    print(f"huge pages for XLA's buffers: {'on' if hugepages.TUNABLE in tunables else 'off'} "
           f"(GLIBC_TUNABLES={tunables!r}, kernel THP mode {hugepages.thp_mode()!r})")
     result = sections[args.section](args)
     if args.json:
