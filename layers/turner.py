@@ -62,7 +62,7 @@ ROW_PAD = WINDOW + 1
 
 #: Per-cell score arrays that the recursion reads on the cell's own diagonal, stacked in one
 #: array. The pair scores are an array of their own: pair probabilities need only their adjoint,
-#: and apart from the others' XLA drops the other fields' adjoint (1.05x at 1,000 nt).
+#: and XLA drops an unused adjoint only when it is a whole array (1.05x at 1,000 nt).
 CELL_ARRAYS = ("hairpin", "stack", "bulge1_5", "bulge1_3", "int11", "int12", "int21", "int22",
                "outer_generic", "outer_1n", "outer_23", "outer_bulge", "ml_close", "ml_stem", "ext")
 #: The multiloop charts packed into one (see TurnerGrammar.init_charts); without lonely pairs
@@ -574,7 +574,7 @@ class TurnerGrammar:
         del exact
         batch, width = views["qm_left"].shape[0], views["qm_left"].shape[2]
         packed = views["cells"][:, :, 0]  # [B, field, width]
-        # lax.split, whose transpose is one concatenate (16 slices' pads are each added in full).
+        # lax.split, whose transpose is one concatenate (each slice's pad would be added in full).
         cell = dict(zip(CELL_ARRAYS, (f[:, 0] for f in jax.lax.split(packed, (1,) * len(CELL_ARRAYS), axis=1))))
         cell["pair"] = views["pair"][:, 0]
         segments = self.ml_segments
@@ -645,7 +645,7 @@ class TurnerGrammar:
         closes = sr.plus(sr.plus(cell["hairpin"], qi), cell["ml_close"] + qmm_inner)
         # In the outside pass (given the saved rows) the per-cell chain is materialised link by
         # link, and so are its adjoints: XLA otherwise copies each link's exps and logs into every
-        # consumer (1.05x at 8 x 200 nt; the inside passes, ~5% slower with it, go without).
+        # consumer (2-5% at 8 x 200 nt; the inside passes go without: max_score was ~5% slower).
         chain = jax.lax.optimization_barrier if known else (lambda x: x)
         qb = chain(cell["pair"] + closes)
         # The pair as the other loops read it: any pair, or one that stacks on its inner pair.
