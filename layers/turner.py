@@ -480,7 +480,6 @@ class TurnerGrammar:
 
     min_hairpin: int = 3
     no_lonely_pairs: bool = False
-    pair_array = "pair"
     first_diagonal = 1
     one_pass = False
     cell_cost = 160  # the interior loops' fixed work per cell, in split-term units
@@ -572,7 +571,7 @@ class TurnerGrammar:
 
     def step(self, sr, d, views, consts, *, known, exact, length):
         del exact
-        batch, width = views["qm_left"].shape[0], views["qm_left"].shape[2]
+        width = views["qm_left"].shape[2]
         packed = views["cells"][:, :, 0]  # [B, field, width]
         # lax.split, whose transpose is one concatenate (each slice's pad would be added in full).
         cell = dict(zip(CELL_ARRAYS, (f[:, 0] for f in jax.lax.split(packed, (1,) * len(CELL_ARRAYS), axis=1))))
